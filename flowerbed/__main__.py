@@ -1,0 +1,3 @@
+from flowerbed.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,33 @@
+"""ClientApp: hands each message to the client class of the run's ``method``."""
+
+from __future__ import annotations
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from flowerbed.clients.base import Client
+from flowerbed.config import Config
+from flowerbed.registry import METHODS
+
+app = ClientApp()
+
+
+def client_for(context: Context) -> Client:
+    """The method's client for this node (data cached per process, state in context.state)."""
+    cfg = Config.from_run_config(context.run_config)
+    return METHODS[cfg.method].client(cfg, context)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    return client_for(context).train(msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    return client_for(context).evaluate(msg)
+
+
+@app.query("whoami")
+def whoami(msg: Message, context: Context) -> Message:
+    return client_for(context).whoami(msg)

@@ -1,0 +1,127 @@
+"""ServerApp: validate the config, meet the nodes, run the method's strategy, write results."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+
+from flowerbed.config import Config, ConfigError
+from flowerbed.datasets.federated import client_partitions, test_set, train_set
+from flowerbed.models import build_model
+from flowerbed.registry import METHODS
+from flowerbed.results import RunDir
+from flowerbed.training import evaluate, load_record, pick_device, to_record
+
+log = logging.getLogger("flowerbed")
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    try:
+        cfg = Config.from_run_config(context.run_config)
+    except ConfigError as e:
+        log.error("%s", e)
+        raise
+    run(grid, cfg)
+
+
+def wait_for_nodes(grid: Grid, n: int, timeout: float = 120.0) -> list[int]:
+    """Wait until ``n`` nodes are connected (right after start the list can be empty)."""
+    t0 = time.time()
+    while len(ids := sorted(grid.get_node_ids())) < n:
+        if time.time() - t0 > timeout:
+            raise TimeoutError(f"only {len(ids)} of the {n} nodes (min-clients) connected "
+                               f"within {timeout:.0f} s")
+        time.sleep(0.2)
+    return ids
+
+
+def default_run_name(cfg: Config) -> str:
+    part = str(cfg.partition).replace(":", "")
+    return f"{cfg.method}-{cfg.dataset}-{part}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run(grid: Grid, cfg: Config) -> dict[str, Any]:
+    """The whole run; returns the summary also written to ``summary.json``."""
+    method = METHODS[cfg.method]
+    torch.manual_seed(cfg.seed)
+    train, test = train_set(cfg), test_set(cfg)
+    wait_for_nodes(grid, cfg.min_clients)
+    strategy = method.strategy(cfg)
+    num_partitions = strategy.discover(grid, wait_all=60.0)
+    client_partitions(cfg, num_partitions)  # impossible splits stop here, before round 1
+    if num_partitions < cfg.min_clients:
+        raise ConfigError("min-clients", cfg.min_clients,
+                          f"larger than the number of clients ({num_partitions})")
+    c, h, _ = train.shape
+    model = build_model(cfg.model, c, train.num_classes, h)
+    device = pick_device()
+    run_dir = RunDir(cfg.output_dir, cfg.run_name or default_run_name(cfg),
+                     {**cfg.to_run_config(), "num-partitions": num_partitions,
+                      "server-device": str(device)})
+    log.info("run directory: %s | %s on %s, %s, %d clients, server device %s", run_dir.path,
+             cfg.method, cfg.dataset, cfg.partition, num_partitions, device)
+
+    last = {"t": time.time()}
+    best: dict[str, Any] = {"accuracy": None, "round": None}
+
+    def end_of_round(rnd: int, arrays: ArrayRecord) -> MetricRecord | None:
+        row: dict[str, Any] = {"round": rnd, "rounds": cfg.num_server_rounds}
+        if rnd == 0 or strategy.evaluates(rnd):
+            loss, acc = evaluate(load_record(model, arrays), test, device)
+            row.update(accuracy=acc, loss=loss)
+            if best["accuracy"] is None or acc > best["accuracy"]:
+                best.update(accuracy=acc, round=rnd)
+        if rnd > 0:
+            rl = strategy.take_round_log()
+            row.update({
+                "train-loss": rl.train_metrics.get("train-loss"),
+                "client-accuracy": rl.eval_metrics.get("accuracy"),
+                "client-loss": rl.eval_metrics.get("loss"),
+                "clients-sampled": len(rl.sampled), "clients-ok": len(rl.ok),
+                "clients-failed": len(rl.failed), "failures": rl.failed,
+                "skipped": rl.skipped, "bytes-up": rl.bytes_up, "bytes-down": rl.bytes_down,
+                "per-client": {str(k): v for k, v in sorted(rl.clients.items())},
+            })
+        now = time.time()
+        row["seconds"] = round(now - last["t"], 3)
+        last["t"] = now
+        run_dir.log_round(row)
+        keep = {k: v for k, v in row.items() if isinstance(v, int | float) and v is not None
+                and not isinstance(v, bool)}
+        return MetricRecord({k: float(v) for k, v in keep.items()})
+
+    result = strategy.start(grid=grid, initial_arrays=to_record(model),
+                            num_rounds=cfg.num_server_rounds, timeout=cfg.round_timeout,
+                            train_config=ConfigRecord(), evaluate_config=ConfigRecord(),
+                            evaluate_fn=end_of_round)
+    rows = run_dir.rows
+    final = next((r for r in reversed(rows) if r.get("accuracy") is not None), {})
+    summary = {
+        "method": cfg.method, "dataset": cfg.dataset, "partition": str(cfg.partition),
+        "seed": cfg.seed, "num-clients": num_partitions, "rounds": cfg.num_server_rounds,
+        "final-accuracy": final.get("accuracy"), "final-loss": final.get("loss"),
+        "best-accuracy": best["accuracy"], "best-round": best["round"],
+        "bytes-up-total": sum(r.get("bytes-up", 0) for r in rows),
+        "bytes-down-total": sum(r.get("bytes-down", 0) for r in rows),
+        "client-failures-total": sum(r.get("clients-failed", 0) for r in rows),
+        "bytes-up-per-client-round": _per_client_round(rows, "bytes-up"),
+        "server-device": str(device),
+    }
+    summary = run_dir.finish(summary)
+    if result.arrays is not None and len(result.arrays):
+        torch.save(result.arrays.to_torch_state_dict(), run_dir.path / "model.pt")
+    log.info("finished: final accuracy %s, summary in %s", summary["final-accuracy"],
+             run_dir.path / "summary.json")
+    return summary
+
+
+def _per_client_round(rows: list[dict[str, Any]], key: str) -> float | None:
+    vals = [r[key] / r["clients-ok"] for r in rows if r.get("clients-ok")]
+    return sum(vals) / len(vals) if vals else None

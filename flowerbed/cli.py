@@ -1,0 +1,144 @@
+"""``flowerbed`` command line: run, compare, partitions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from flowerbed.config import Config, ConfigError
+
+log = logging.getLogger("flowerbed")
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    from flwr.common.config import parse_config_args
+
+    return parse_config_args(list(args.run_config or []))
+
+
+def _federation_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--num-clients", type=int, default=10,
+                   help="simulated SuperNodes, one partition each (default 10)")
+    p.add_argument("--cpus-per-client", type=float, default=1.0,
+                   help="Ray CPUs per client; clients in parallel = CPUs / this (default 1)")
+    p.add_argument("--gpus-per-client", type=float, default=0.0,
+                   help="GPU share per client, e.g. 0.25 = four clients per GPU (default 0)")
+    p.add_argument("--run-config", "-c", action="append", default=[],
+                   help="run-config overrides, flwr syntax: \"method='fedprox' lr=0.05\"")
+
+
+def preflight(overrides: dict[str, Any], num_clients: int, gpus: float) -> Config:
+    """Validate keys, values and the split here, before any process starts."""
+    import torch
+
+    from flowerbed.datasets.federated import client_partitions
+
+    cfg = Config.from_run_config(overrides)
+    if gpus > 0 and not torch.cuda.is_available():
+        raise ConfigError("--gpus-per-client", gpus, "this machine has no CUDA GPU; use 0")
+    if num_clients < cfg.min_clients:
+        raise ConfigError("--num-clients", num_clients, f"must be >= min-clients ({cfg.min_clients})")
+    client_partitions(cfg, num_clients)
+    return cfg
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from flowerbed import engine
+
+    overrides = _overrides(args)
+    cfg = preflight(overrides, args.num_clients, args.gpus_per_client)
+    overrides["output-dir"] = str(Path(cfg.output_dir).resolve())
+    overrides.setdefault("run-name", f"{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}")
+    fed = engine.federation_config(args.num_clients, args.cpus_per_client, args.gpus_per_client)
+    with engine.local_superlink() as (home, conn):
+        summary = engine.flwr_run(home, conn, overrides, fed)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from flowerbed.compare import compare
+
+    overrides = _overrides(args)
+    overrides.update({"partition": args.partition, "num-server-rounds": args.rounds,
+                      "seed": args.seed})
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in methods:
+        preflight({**overrides, "method": m}, args.num_clients, args.gpus_per_client)
+    table = compare(methods, overrides, num_clients=args.num_clients,
+                    cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
+                    out=Path(args.out) if args.out else None)
+    print(table)
+    return 0
+
+
+def cmd_partitions(args: argparse.Namespace) -> int:
+    from flowerbed.datasets.federated import client_partitions, train_set
+    from flowerbed.datasets.partition import label_histogram, plot_histogram
+
+    cfg = Config.from_run_config({"dataset": args.dataset, "partition": args.partition,
+                                  "seed": args.seed, "data-root": args.data_root,
+                                  "min-partition-size": args.min_partition_size})
+    train = train_set(cfg)
+    parts = client_partitions(cfg, args.num_clients)
+    hist = label_histogram(train.y.numpy(), parts, train.num_classes)
+    width = max(6, len(str(hist.max())) + 1)
+    print(f"{cfg.dataset} {cfg.partition} seed={cfg.seed}: {args.num_clients} clients")
+    print("client " + "".join(f"{c:>{width}}" for c in range(train.num_classes)) + f"{'total':>8}")
+    for i, row in enumerate(hist):
+        print(f"{i:>6} " + "".join(f"{v:>{width}}" for v in row) + f"{row.sum():>8}")
+    out = Path(args.out or f"partitions-{cfg.dataset}-{str(cfg.partition).replace(':', '')}.png")
+    plot_histogram(hist, out, f"{cfg.dataset} {cfg.partition} (seed {cfg.seed})")
+    print(f"plot: {out.resolve()}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="flowerbed", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="one simulation through a local SuperLink and `flwr run`")
+    _federation_args(r)
+    r.set_defaults(fn=cmd_run)
+
+    c = sub.add_parser("compare", help="several methods on identical partitions and seeds")
+    c.add_argument("--methods", required=True, help="comma-separated, e.g. fedavg,fedprox,scaffold")
+    c.add_argument("--partition", default="dirichlet:0.5")
+    c.add_argument("--rounds", type=int, default=20)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--out", default=None, help="output folder (default runs/compare-<time>)")
+    _federation_args(c)
+    c.set_defaults(fn=cmd_compare)
+
+    s = sub.add_parser("partitions", help="print and plot the per-client label histogram")
+    s.add_argument("--dataset", default="fashion-mnist")
+    s.add_argument("--partition", default="dirichlet:0.5")
+    s.add_argument("--num-clients", type=int, default=10)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--data-root", default="")
+    s.add_argument("--min-partition-size", type=int, default=10)
+    s.add_argument("--out", default=None, help="PNG path")
+    s.set_defaults(fn=cmd_partitions)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except ConfigError as e:
+        print(f"flowerbed: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - one clear line, not a traceback, for users
+        from flowerbed.datasets.loading import DataError
+        from flowerbed.engine import RunFailed
+
+        if isinstance(e, DataError | RunFailed):
+            print(f"flowerbed: error: {e}", file=sys.stderr)
+            return 1
+        raise

@@ -1,0 +1,92 @@
+"""The supervised client every method starts from (it is FedAvg's client as it stands)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from torch import nn
+
+from flowerbed.config import Config
+from flowerbed.datasets.federated import client_data
+from flowerbed.models import build_model
+from flowerbed.training import (
+    configure_threads,
+    evaluate,
+    load_record,
+    pick_device,
+    seeded_generator,
+    to_record,
+    train_epochs,
+)
+
+log = logging.getLogger("flowerbed")
+
+
+class Client:
+    """Loads its partition (cached per process), trains and evaluates the received model.
+
+    Subclasses override :meth:`fit` (the local update) or :meth:`train` (the whole exchange).
+    """
+
+    def __init__(self, cfg: Config, context: Context) -> None:
+        self.cfg, self.context = cfg, context
+        self.partition_id = int(context.node_config["partition-id"])
+        self.num_partitions = int(context.node_config["num-partitions"])
+        self.train_data, self.test_data = client_data(cfg, self.partition_id, self.num_partitions)
+        self.device = pick_device()
+        configure_threads()
+
+    # ------------------------------------------------------------------ helpers
+    def new_model(self) -> nn.Module:
+        c, h, _ = self.train_data.shape
+        return build_model(self.cfg.model, c, self.train_data.num_classes, h)
+
+    def model_from(self, record: ArrayRecord) -> nn.Module:
+        return load_record(self.new_model(), record).to(self.device)
+
+    def reply(self, msg: Message, metrics: dict[str, Any], **arrays: ArrayRecord) -> Message:
+        content = RecordDict({**arrays, "metrics": MetricRecord(metrics)})
+        return Message(content=content, reply_to=msg)
+
+    def round_of(self, msg: Message) -> int:
+        return int(msg.content["config"].get("server-round", 0))
+
+    # ------------------------------------------------------------------ message handlers
+    def whoami(self, msg: Message) -> Message:
+        info = ConfigRecord({"partition-id": self.partition_id,
+                             "num-partitions": self.num_partitions,
+                             "num-train": len(self.train_data), "num-test": len(self.test_data),
+                             "device": str(self.device)})
+        log.info("client partition %d/%d on %s: %d train, %d local test samples",
+                 self.partition_id, self.num_partitions, self.device, len(self.train_data),
+                 len(self.test_data))
+        return Message(content=RecordDict({"info": info}), reply_to=msg)
+
+    def train(self, msg: Message) -> Message:
+        model = self.model_from(msg.content["arrays"])
+        rnd = self.round_of(msg)
+        loss, extra = self.fit(model, msg, rnd)
+        metrics = {"num-examples": len(self.train_data), "train-loss": loss, **extra}
+        return self.reply(msg, metrics, arrays=to_record(model), **self.extra_arrays(model, msg))
+
+    def fit(self, model: nn.Module, msg: Message, rnd: int, **hooks: Any) -> tuple[float, dict]:
+        """The local update: ``local-epochs`` of SGD on the client's training split."""
+        cfg = self.cfg
+        loss, steps = train_epochs(
+            model, self.train_data, epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
+            momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=self.device,
+            generator=seeded_generator(cfg.seed, self.partition_id, rnd), **hooks)
+        self.steps = steps
+        return loss, {}
+
+    def extra_arrays(self, model: nn.Module, msg: Message) -> dict[str, ArrayRecord]:
+        """Records sent back besides the model (SCAFFOLD's Δc)."""
+        return {}
+
+    def evaluate(self, msg: Message) -> Message:
+        model = self.model_from(msg.content["arrays"])
+        loss, acc = evaluate(model, self.test_data, self.device)
+        return self.reply(msg, {"num-examples": max(len(self.test_data), 1), "loss": loss,
+                                "accuracy": acc})

@@ -1,0 +1,53 @@
+"""SCAFFOLD client: gradient correction with control variates kept in ``context.state``.
+
+Each step uses g(y) − c_i + c. After K steps with learning rate η (option II of the paper)
+
+    c_i⁺ = c_i − c + (x − y) / (K η),   Δc_i = c_i⁺ − c_i.
+
+The paper's formula assumes plain SGD; with momentum (our default 0.9) it is the usual
+practical approximation, as in most public SCAFFOLD implementations.
+"""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import Array, ArrayRecord, Message
+from torch import nn
+
+from flowerbed.clients.base import Client
+from flowerbed.strategies.scaffold import CV_DELTA, SERVER_CV
+
+STATE_KEY = "scaffold.c_i"
+
+
+class ScaffoldClient(Client):
+    def _variate(self, record: ArrayRecord | None, name: str, like: torch.Tensor) -> torch.Tensor:
+        if record is not None and name in record:
+            return torch.as_tensor(record[name].numpy(), device=like.device)
+        return torch.zeros_like(like)
+
+    def fit(self, model: nn.Module, msg: Message, rnd: int, **hooks):
+        c_rec = msg.content.array_records.get(SERVER_CV)
+        ci_rec = self.context.state.array_records.get(STATE_KEY)
+        params = dict(model.named_parameters())
+        self._x = {k: p.detach().clone() for k, p in params.items()}
+        self._c = {k: self._variate(c_rec, k, p) for k, p in params.items()}
+        self._ci = {k: self._variate(ci_rec, k, p) for k, p in params.items()}
+        correction = {k: self._c[k] - self._ci[k] for k in params}
+
+        def correct(m: nn.Module) -> None:
+            for k, p in m.named_parameters():
+                if p.grad is not None:
+                    p.grad.add_(correction[k])
+
+        return super().fit(model, msg, rnd, grad_hook=correct, **hooks)
+
+    def extra_arrays(self, model: nn.Module, msg: Message) -> dict[str, ArrayRecord]:
+        scale = 1.0 / (max(self.steps, 1) * self.cfg.lr)
+        new_ci, delta = {}, {}
+        for k, p in model.named_parameters():
+            ci_plus = self._ci[k] - self._c[k] + (self._x[k] - p.detach()) * scale
+            delta[k] = Array((ci_plus - self._ci[k]).cpu().numpy())
+            new_ci[k] = Array(ci_plus.cpu().numpy())
+        self.context.state[STATE_KEY] = ArrayRecord(new_ci)
+        return {CV_DELTA: ArrayRecord(delta)}

@@ -1,0 +1,68 @@
+"""The launcher: several methods through the same Flower apps, identical partitions and seeds."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from flowerbed import engine
+from flowerbed.results import plot_curves, read_metrics
+
+log = logging.getLogger("flowerbed")
+
+
+def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
+            cpus_per_client: float = 1.0, gpus_per_client: float = 0.0,
+            out: Path | None = None) -> str:
+    """Run each method with the same run config (partition, seed, rounds...) and tabulate.
+
+    Writes ``<out>/<method>/`` run directories, ``results.json``, ``table.md`` and
+    ``accuracy.png`` (every method's curve); returns the markdown table.
+    """
+    out = (out or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    fed = engine.federation_config(num_clients, cpus_per_client, gpus_per_client)
+    results: dict[str, dict[str, Any]] = {}
+    with engine.local_superlink() as (home, conn):
+        for m in methods:
+            rc = {**overrides, "method": m, "output-dir": str(out), "run-name": m}
+            log.info("compare: %s", m)
+            try:
+                results[m] = engine.flwr_run(home, conn, rc, fed, log_file=out / f"{m}.log")
+            except engine.RunFailed as e:  # keep the other methods' results
+                log.error("%s", e)
+                results[m] = {"error": str(e)}
+            (out / "results.json").write_text(json.dumps(results, indent=2))
+    curves = {m: read_metrics(out / m) for m in methods if "error" not in results[m]}
+    plot_curves(curves, out / "accuracy.png", title=_title(overrides, num_clients))
+    table = markdown_table(results, overrides, num_clients)
+    (out / "table.md").write_text(table + "\n")
+    log.info("compare: wrote %s", out)
+    return table
+
+
+def _title(overrides: dict[str, Any], n: int) -> str:
+    return (f"{overrides.get('dataset', 'fashion-mnist')}, {overrides.get('partition')}, "
+            f"{n} clients, seed {overrides.get('seed', 0)}")
+
+
+def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any], n: int) -> str:
+    def pct(v: Any) -> str:
+        return "-" if v is None else f"{100 * v:.2f}"
+
+    lines = [f"Same partitions and seed for every method: {_title(overrides, n)}, "
+             f"{overrides.get('num-server-rounds')} rounds.", "",
+             "| method | final acc % | best acc % (round) | up MB/client/round | failures | wall s |",
+             "|---|---|---|---|---|---|"]
+    for m, s in results.items():
+        if "error" in s:
+            lines.append(f"| {m} | failed | - | - | - | - |")
+            continue
+        up = s.get("bytes-up-per-client-round")
+        lines.append(f"| {m} | {pct(s.get('final-accuracy'))} | {pct(s.get('best-accuracy'))} "
+                     f"({s.get('best-round')}) | {'-' if up is None else f'{up / 1e6:.2f}'} | "
+                     f"{s.get('client-failures-total', 0)} | {s.get('wall-seconds', 0):.0f} |")
+    return "\n".join(lines)

@@ -1,0 +1,194 @@
+"""Run configuration: Flower's run_config -> one typed, validated, frozen object.
+
+This is the only place run-config keys are parsed. Every key and its default lives in
+``pyproject.toml`` under ``[tool.flwr.app.config]``; :func:`defaults` reads them from there so that
+code outside ``flwr run`` (tests, benchmarks, the launcher) sees the same defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+
+DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "svhn")
+MODELS = ("cnn", "resnet8", "resnet18")
+PARTITION_KINDS = ("iid", "dirichlet", "pathological", "shards")
+
+
+class ConfigError(ValueError):
+    """A run-config key has a bad value. The message names the key, the value and what is allowed."""
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        super().__init__(f"run-config '{key}' = {value!r} is invalid: {allowed}")
+        self.key, self.value, self.allowed = key, value, allowed
+
+
+@functools.cache
+def defaults() -> dict[str, Any]:
+    """Every run-config key with its default, as declared in pyproject.toml."""
+    with open(PYPROJECT, "rb") as f:
+        return dict(tomllib.load(f)["tool"]["flwr"]["app"]["config"])
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A parsed ``partition`` value, e.g. ``dirichlet:0.5``."""
+
+    kind: str
+    param: float | int | None = None
+
+    def __str__(self) -> str:
+        return self.kind if self.param is None else f"{self.kind}:{self.param}"
+
+
+def parse_partition(text: str) -> Partition:
+    """Parse ``iid``, ``dirichlet:<alpha>``, ``pathological:<k>`` or ``shards:<n>``."""
+    allowed = "use iid, dirichlet:<alpha > 0>, pathological:<k >= 1>, shards:<n >= 1>"
+    kind, _, arg = str(text).strip().partition(":")
+    if kind not in PARTITION_KINDS:
+        raise ConfigError("partition", text, f"unknown partition kind '{kind}'; {allowed}")
+    if kind == "iid":
+        if arg:
+            raise ConfigError("partition", text, f"iid takes no parameter; {allowed}")
+        return Partition("iid")
+    try:
+        value = float(arg) if kind == "dirichlet" else int(arg)
+    except ValueError:
+        raise ConfigError("partition", text, f"'{arg}' is not a number; {allowed}") from None
+    if kind == "dirichlet" and not (value > 0 and math.isfinite(value)):
+        raise ConfigError("partition", text, f"alpha must be a finite number > 0; {allowed}")
+    if kind != "dirichlet" and value < 1:
+        raise ConfigError("partition", text, f"{kind} needs an integer >= 1; {allowed}")
+    return Partition(kind, value)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Typed view of the run config. Field names are the keys with '-' replaced by '_'."""
+
+    method: str
+    dataset: str
+    data_root: str
+    partition: Partition
+    min_partition_size: int
+    local_test_fraction: float
+    train_samples: int
+    test_samples: int
+    model: str
+    num_server_rounds: int
+    fraction_train: float
+    fraction_evaluate: float
+    min_clients: int
+    local_epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    proximal_mu: float
+    scaffold_server_lr: float
+    eval_every: int
+    round_timeout: float
+    seed: int
+    output_dir: str
+    run_name: str
+
+    @classmethod
+    def from_run_config(cls, run_config: dict[str, Any] | None = None, **overrides: Any) -> Config:
+        """Merge defaults, Flower's run_config and keyword overrides (kebab-case or snake_case)."""
+        merged = dict(defaults())
+        merged.update(run_config or {})
+        merged.update({k.replace("_", "-"): v for k, v in overrides.items()})
+        known = {f.name.replace("_", "-") for f in fields(cls)}
+        unknown = sorted(set(merged) - known)
+        if unknown:
+            raise ConfigError(unknown[0], merged[unknown[0]], f"unknown key; known keys: {sorted(known)}")
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            key = f.name.replace("_", "-")
+            values[f.name] = _coerce(key, merged[key], f.type)
+        values["partition"] = parse_partition(values["partition"])
+        cfg = cls(**values)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Range checks that need no data; data-dependent checks live in ``datasets``."""
+        from flowerbed.registry import METHODS  # late import: registry imports strategies
+
+        if self.method not in METHODS:
+            raise ConfigError("method", self.method, f"known methods: {', '.join(sorted(METHODS))}")
+        if self.dataset not in DATASETS:
+            raise ConfigError("dataset", self.dataset, f"known data sets: {', '.join(DATASETS)}")
+        if self.model not in MODELS:
+            raise ConfigError("model", self.model, f"known models: {', '.join(MODELS)}")
+        for key in ("fraction-train", "fraction-evaluate"):
+            v = getattr(self, key.replace("-", "_"))
+            if not 0 < v <= 1:
+                raise ConfigError(key, v, "must be in (0, 1]")
+        if not 0 <= self.local_test_fraction < 1:
+            raise ConfigError("local-test-fraction", self.local_test_fraction, "must be in [0, 1)")
+        positive_ints = ("num-server-rounds", "local-epochs", "batch-size", "eval-every", "min-clients")
+        for key in positive_ints:
+            v = getattr(self, key.replace("-", "_"))
+            if v < 1:
+                raise ConfigError(key, v, "must be an integer >= 1")
+        for key in ("train-samples", "test-samples", "min-partition-size"):
+            v = getattr(self, key.replace("-", "_"))
+            if v < 0:
+                raise ConfigError(key, v, "must be an integer >= 0 (0 = no limit)")
+        for key in ("lr", "scaffold-server-lr", "round-timeout"):
+            v = getattr(self, key.replace("-", "_"))
+            if not (v > 0 and math.isfinite(v)):
+                raise ConfigError(key, v, "must be a finite number > 0")
+        for key in ("momentum",):
+            v = getattr(self, key)
+            if not 0 <= v < 1:
+                raise ConfigError(key, v, "must be in [0, 1)")
+        for key in ("weight-decay", "proximal-mu"):
+            v = getattr(self, key.replace("-", "_"))
+            if not (v >= 0 and math.isfinite(v)):
+                raise ConfigError(key, v, "must be a finite number >= 0")
+
+    def to_run_config(self) -> dict[str, Any]:
+        """Back to Flower's flat kebab-case dict (what ``--run-config`` takes)."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name.replace("_", "-")] = str(v) if isinstance(v, Partition) else v
+        return out
+
+    def replace(self, **changes: Any) -> Config:
+        """A copy with some fields changed (validated again)."""
+        cfg = dataclasses.replace(self, **changes)
+        cfg.validate()
+        return cfg
+
+
+def _coerce(key: str, value: Any, typ: Any) -> Any:
+    """Convert a TOML value to the field's type, or raise a ConfigError naming the key."""
+    name = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
+    if isinstance(value, bool) and name in ("int", "float"):
+        raise ConfigError(key, value, f"expected a number ({name}), got a boolean")
+    if name in ("int", "float") and not isinstance(value, int | float):
+        raise ConfigError(key, value, f"expected a number ({name}), got {type(value).__name__}")
+    try:
+        if name == "int":
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        if name == "float":
+            return float(value)
+        if name in ("str", "Partition"):
+            if not isinstance(value, str):
+                raise ValueError
+            return value
+    except (TypeError, ValueError):
+        raise ConfigError(key, value, f"expected a value of type {name}") from None
+    return value

@@ -1,0 +1,128 @@
+"""Partition a training set over clients with flwr-datasets' partitioners, offline.
+
+The partitioners run on a local ``datasets.Dataset`` that holds only the labels and each
+sample's index into the training set (no hub, no image copies). Results are cached per process.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from flowerbed.config import ConfigError, Partition
+
+log = logging.getLogger("flowerbed")
+
+
+def partition_indices(labels: np.ndarray, partition: Partition, num_partitions: int, seed: int,
+                      min_partition_size: int = 10) -> list[np.ndarray]:
+    """Indices into ``labels`` for each of ``num_partitions`` clients (seeded, deterministic).
+
+    Raises :class:`ConfigError` naming the key when the split is impossible.
+    """
+    labels = np.asarray(labels)
+    key = (hash(labels.tobytes()), str(partition), int(num_partitions), int(seed),
+           int(min_partition_size))
+    if key not in _CACHE:
+        _CACHE[key] = _split(labels, partition, num_partitions, seed, min_partition_size)
+    return [p.copy() for p in _CACHE[key]]
+
+
+_CACHE: dict[tuple, tuple[np.ndarray, ...]] = {}
+
+
+def check_partition(labels: np.ndarray, partition: Partition, num_partitions: int) -> None:
+    """Reject impossible splits before any data is moved."""
+    n, classes = len(labels), len(np.unique(labels))
+    if num_partitions < 1:
+        raise ConfigError("num-partitions", num_partitions, "need at least one client")
+    if num_partitions > n:
+        raise ConfigError("num-partitions", num_partitions,
+                          f"more clients than training samples ({n}); use fewer clients or more data")
+    if partition.kind == "pathological" and partition.param > classes:
+        raise ConfigError("partition", str(partition),
+                          f"k={partition.param} classes per client but the data has {classes} classes")
+    if partition.kind == "shards" and partition.param * num_partitions > n:
+        raise ConfigError("partition", str(partition),
+                          f"{partition.param} shards x {num_partitions} clients exceeds {n} samples")
+
+
+def _split(labels, partition, num_partitions, seed, min_size) -> tuple[np.ndarray, ...]:
+    from datasets import Dataset
+    from flwr_datasets import partitioner as fp
+
+    check_partition(labels, partition, num_partitions)
+    # Shuffle once with the run's seed so that even the IID split (which has no seed of its own)
+    # depends on it; "idx" maps each row back to the training set.
+    order = np.random.default_rng(seed).permutation(len(labels))
+    ds = Dataset.from_dict({"idx": order, "label": labels[order]})
+    kind, p = partition.kind, partition.param
+    if kind == "iid":
+        part = fp.IidPartitioner(num_partitions=num_partitions)
+    elif kind == "dirichlet":
+        part = fp.DirichletPartitioner(num_partitions=num_partitions, partition_by="label",
+                                       alpha=float(p), min_partition_size=min_size, seed=seed)
+    elif kind == "pathological":
+        # "deterministic" gives client i the classes i, i+1, ... (mod C), so every class is held by
+        # some client whenever num_partitions * k >= C; "random" can leave classes unheld.
+        part = fp.PathologicalPartitioner(num_partitions=num_partitions, partition_by="label",
+                                          num_classes_per_partition=int(p),
+                                          class_assignment_mode="deterministic", seed=seed)
+    else:
+        part = fp.ShardPartitioner(num_partitions=num_partitions, partition_by="label",
+                                   num_shards_per_partition=int(p), seed=seed)
+    part.dataset = ds
+    try:
+        out = tuple(np.asarray(part.load_partition(i)["idx"], dtype=np.int64)
+                    for i in range(num_partitions))
+    except ValueError as e:
+        raise ConfigError("partition", str(partition),
+                          f"flwr-datasets cannot split {len(labels)} samples over "
+                          f"{num_partitions} clients this way ({e})") from None
+    empty = [i for i, o in enumerate(out) if len(o) == 0]
+    if empty:
+        raise ConfigError("partition", str(partition),
+                          f"clients {empty[:5]} get no samples; use fewer clients or more data")
+    return out
+
+
+def client_split(indices: np.ndarray, test_fraction: float, seed: int, partition_id: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Split one client's indices into local train and local test parts (seeded per client)."""
+    rng = np.random.default_rng([seed, partition_id, 7919])
+    perm = rng.permutation(indices)
+    n_test = int(round(len(perm) * test_fraction))
+    if test_fraction > 0 and len(perm) >= 2:
+        n_test = min(max(n_test, 1), len(perm) - 1)
+    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+def label_histogram(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:
+    """``[clients, classes]`` counts of each label in each partition."""
+    return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])
+
+
+def plot_histogram(hist: np.ndarray, out, title: str = ""):
+    """Stacked bars: one bar per client, one colour per class."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    clients, classes = hist.shape
+    fig, ax = plt.subplots(figsize=(max(6, clients * 0.35), 4))
+    bottom = np.zeros(clients)
+    cmap = plt.get_cmap("tab10" if classes <= 10 else "tab20")
+    for c in range(classes):
+        ax.bar(range(clients), hist[:, c], bottom=bottom, color=cmap(c % cmap.N), label=str(c))
+        bottom += hist[:, c]
+    ax.set_xlabel("client (partition id)")
+    ax.set_ylabel("samples")
+    ax.set_title(title)
+    if classes <= 20:
+        ax.legend(title="class", fontsize=7, ncol=2, bbox_to_anchor=(1.01, 1), loc="upper left")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

@@ -1,0 +1,152 @@
+"""Run the Flower App through the real engines: a SuperLink we start, then ``flwr run``.
+
+``flwr run`` against Flower's managed ``:local:`` SuperLink re-installs the app's dependencies
+into a fresh venv for every run (flower-guide §6.4). We start our own simulation SuperLink with
+``--disable-runtime-dependency-installation`` instead, so runs use this venv, and we stop it (by
+process group) when done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("flowerbed")
+
+PROJECT = Path(__file__).resolve().parents[1]
+CONNECTION = "flowerbed-sim"
+
+
+class RunFailed(RuntimeError):
+    """A ``flwr run`` ended without writing its summary."""
+
+
+def _bin(name: str) -> str:
+    """An executable of this venv (flwr, flower-superlink) even when PATH lacks the venv."""
+    local = Path(sys.executable).parent / name
+    found = str(local) if local.exists() else shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"'{name}' not found next to {sys.executable} or on PATH")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"flower-superlink exited with code {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"flower-superlink did not open port {port} within {timeout:.0f} s")
+
+
+def flwr_env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["FLWR_HOME"] = str(home)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("RAY_DEDUP_LOGS", "0")
+    return env
+
+
+@contextlib.contextmanager
+def local_superlink(home: Path | None = None, port: int | None = None,
+                    log_file: Path | None = None) -> Iterator[tuple[Path, str]]:
+    """Start a simulation SuperLink that uses this venv; yield (FLWR_HOME, connection name)."""
+    home = Path(home or PROJECT / ".flwr-home").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+        f'address = "127.0.0.1:{port}"\ninsecure = true\n')
+    out = open(log_file or home / "superlink.log", "ab")  # noqa: SIM115 - closed below
+    cmd = [_bin("flower-superlink"), "--insecure", "--simulation",
+           "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(cmd, env=flwr_env(home), stdout=out, stderr=subprocess.STDOUT,
+                            cwd=PROJECT, start_new_session=True)
+    try:
+        _wait_port(port, proc)
+        log.info("SuperLink (pid %d) on 127.0.0.1:%d, FLWR_HOME=%s", proc.pid, port, home)
+        yield home, CONNECTION
+    finally:
+        _stop(proc)
+        out.close()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop the SuperLink and everything it started (its process group), politely then firmly."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    return json.dumps(str(v))
+
+
+def federation_config(num_supernodes: int, cpus_per_client: float = 1.0,
+                      gpus_per_client: float = 0.0) -> dict[str, Any]:
+    # Flower wants whole CPUs as an int (a float like 1.0 is refused).
+    cpus = int(cpus_per_client) if float(cpus_per_client).is_integer() else cpus_per_client
+    return {"num-supernodes": num_supernodes, "client-resources-num-cpus": cpus,
+            "client-resources-num-gpus": float(gpus_per_client)}
+
+
+def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
+             federation: dict[str, Any], app_dir: Path = PROJECT, quiet: bool = False,
+             log_file: Path | None = None) -> dict[str, Any]:
+    """``flwr run <app> <connection> --stream``; returns the run's summary.json.
+
+    ``flwr run --stream`` exits 0 even when the ServerApp raised, so success is judged by the
+    summary file the ServerApp writes last.
+    """
+    out_dir = Path(run_config["output-dir"]).resolve()
+    run_dir = out_dir / run_config["run-name"]
+    summary = run_dir / "summary.json"
+    if summary.exists():
+        summary.unlink()
+    rc = " ".join(f"{k}={toml_value(v)}" for k, v in run_config.items())
+    fc = " ".join(f"{k}={toml_value(v)}" for k, v in federation.items())
+    cmd = [_bin("flwr"), "run", str(app_dir), connection, "--stream", "--run-config", rc,
+           "--federation-config", fc]
+    log.info("$ %s", " ".join(cmd))
+    sink = open(log_file, "w") if log_file else None  # noqa: SIM115
+    try:
+        stdout = sink or (subprocess.DEVNULL if quiet else None)
+        proc = subprocess.run(cmd, env=flwr_env(home), cwd=PROJECT, stdout=stdout,
+                              stderr=subprocess.STDOUT)
+    finally:
+        if sink:
+            sink.close()
+    if not summary.exists():
+        hint = f" (log: {log_file})" if log_file else ""
+        raise RunFailed(f"run '{run_config['run-name']}' ended (exit {proc.returncode}) without "
+                        f"{summary}; the ServerApp failed, see its log above{hint}")
+    return json.loads(summary.read_text())

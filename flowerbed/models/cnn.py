@@ -1,0 +1,36 @@
+"""The classic FedAvg CNN (McMahan et al.): conv32-conv64 (5x5, max-pool) - fc512 - fc classes."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class CNN(nn.Module):
+    """conv5x5(32)-pool-conv5x5(64)-pool-fc512-fc(num_classes); works for 28x28 and 32x32 input.
+
+    ``features`` returns the 512-d penultimate representation (used by probes and by methods that
+    split shared and personal layers). Flattening is functional, not an ``nn.Flatten`` module, so
+    attribution tools that need a rule per module (captum LRP) can walk it.
+    """
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28,
+                 width: int = 1) -> None:
+        super().__init__()
+        c1, c2, hidden = 32 * width, 64 * width, 512
+        self.conv1 = nn.Conv2d(in_channels, c1, 5, padding=2)
+        self.conv2 = nn.Conv2d(c1, c2, 5, padding=2)
+        self.pool = nn.MaxPool2d(2)
+        self.act1, self.act2, self.act3 = nn.ReLU(), nn.ReLU(), nn.ReLU()
+        side = image_size // 4
+        self.fc1 = nn.Linear(c2 * side * side, hidden)
+        self.fc2 = nn.Linear(hidden, num_classes)
+        self.feature_dim = hidden
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(self.act1(self.conv1(x)))
+        x = self.pool(self.act2(self.conv2(x)))
+        return self.act3(self.fc1(torch.flatten(x, 1)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.features(x))

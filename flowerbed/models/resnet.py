@@ -1,0 +1,66 @@
+"""CIFAR-style ResNets: 3x3 stride-1 stem, no max-pool, BasicBlocks, global average pooling."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_planes != planes:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False), nn.BatchNorm2d(planes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """``blocks`` BasicBlocks per stage; ``widths`` channels per stage; ``features`` = pooled h."""
+
+    def __init__(self, blocks: list[int], widths: list[int], in_channels: int = 3,
+                 num_classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, widths[0], 3, stride=1, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(widths[0])
+        layers, in_planes = [], widths[0]
+        for i, (n, w) in enumerate(zip(blocks, widths, strict=True)):
+            strides = [1 if i == 0 else 2] + [1] * (n - 1)
+            stage = []
+            for s in strides:
+                stage.append(BasicBlock(in_planes, w, s))
+                in_planes = w
+            layers.append(nn.Sequential(*stage))
+        self.layers = nn.Sequential(*layers)
+        self.feature_dim = in_planes
+        self.linear = nn.Linear(in_planes, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.layers(out)
+        return torch.flatten(F.adaptive_avg_pool2d(out, 1), 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.features(x))
+
+
+def resnet8(in_channels: int = 3, num_classes: int = 10) -> ResNet:
+    """ResNet-8: stem conv + 3 stages of one BasicBlock (64/128/256 channels) + fc = 8 layers."""
+    return ResNet([1, 1, 1], [64, 128, 256], in_channels, num_classes)
+
+
+def resnet18(in_channels: int = 3, num_classes: int = 10) -> ResNet:
+    """ResNet-18 as in the CIFAR literature: [2, 2, 2, 2] BasicBlocks, widths 64-512."""
+    return ResNet([2, 2, 2, 2], [64, 128, 256, 512], in_channels, num_classes)

@@ -1,0 +1,109 @@
+"""The run directory: config.json, metrics.jsonl (a line per round), summary.json, accuracy.png."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("flowerbed")
+
+
+def _clean(v: Any) -> Any:
+    """JSON-safe values: NaN/inf become null, numpy scalars become Python numbers."""
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_clean(x) for x in v]
+    if hasattr(v, "item") and not isinstance(v, str | bytes):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON so that a crash mid-write leaves the previous file intact."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_clean(data), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """All rows of a run's metrics.jsonl."""
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class RunDir:
+    """Owns ``<output-dir>/<run-name>/``; every write is immediate, nothing is only printed."""
+
+    def __init__(self, output_dir: str, run_name: str, config: dict[str, Any]) -> None:
+        self.path = Path(output_dir).expanduser().resolve() / run_name
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.path / "metrics.jsonl"
+        self.metrics_path.write_text("")
+        write_json_atomic(self.path / "config.json", config)
+        self.rows: list[dict[str, Any]] = []
+        self.started = time.time()
+
+    def log_round(self, row: dict[str, Any]) -> None:
+        """Append one round's metrics and print the one-line progress report."""
+        row = _clean(row)
+        self.rows.append(row)
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+        log.info(progress_line(row))
+
+    def finish(self, summary: dict[str, Any]) -> dict[str, Any]:
+        summary = dict(summary)
+        summary["wall-seconds"] = round(time.time() - self.started, 2)
+        summary["run-dir"] = str(self.path)
+        write_json_atomic(self.path / "summary.json", summary)
+        try:
+            plot_curves({self.path.name: self.rows}, self.path / "accuracy.png",
+                        title=self.path.name)
+        except Exception as e:  # noqa: BLE001 - a plot must never lose a finished run
+            log.warning("could not plot accuracy: %s", e)
+        return summary
+
+
+def progress_line(row: dict[str, Any]) -> str:
+    def f(key: str, fmt: str) -> str:
+        v = row.get(key)
+        return "-" if v is None else format(v, fmt)
+
+    return (f"[round {row['round']}/{row.get('rounds', '?')}] "
+            f"acc {f('accuracy', '.4f')} loss {f('loss', '.4f')} | "
+            f"train-loss {f('train-loss', '.4f')} client-acc {f('client-accuracy', '.4f')} | "
+            f"clients ok {row.get('clients-ok', 0)}/{row.get('clients-sampled', 0)} | "
+            f"up {row.get('bytes-up', 0) / 1e6:.1f} MB down {row.get('bytes-down', 0) / 1e6:.1f} MB"
+            f" | {f('seconds', '.1f')} s")
+
+
+def plot_curves(curves: dict[str, list[dict[str, Any]]], out: Path, title: str = "",
+                key: str = "accuracy") -> Path:
+    """One line per run of ``key`` (test accuracy by default) against the round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, rows in curves.items():
+        pts = [(r["round"], r[key]) for r in rows if r.get(key) is not None]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker="o", markersize=3, label=name)
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"test {key}")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

@@ -1,0 +1,1 @@
+"""Server halves of the methods, one module each; every strategy builds on ``base``."""

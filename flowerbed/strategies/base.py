@@ -1,0 +1,303 @@
+"""What every flowerbed strategy adds to Flower's FedAvg.
+
+- **Deterministic sampling by partition id** (node ids are random per run): a ``query.whoami``
+  round maps nodes to partitions; clients are sampled from partition ids with a generator seeded
+  by (seed, round) and replies are aggregated in partition order (flower-guide §8.4).
+- **Reply validation**: error replies, missing records, wrong shapes and NaN/inf values are left
+  out of aggregation with a warning naming the client; the round is skipped (the model kept) when
+  fewer than ``min-clients`` valid replies remain. A client that raises or never answers does not
+  end the run.
+- **Accounting**: bytes down and up, per-client metrics and failures per round, read by the
+  ServerApp's end-of-round hook (:meth:`take_round_log`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from flowerbed.config import Config, ConfigError
+from flowerbed.training import is_finite
+
+log = logging.getLogger("flowerbed")
+
+WHOAMI = "query.whoami"
+
+
+def record_bytes(content: RecordDict) -> int:
+    """Payload size of a RecordDict: the sum of its records' byte counts."""
+    return int(sum(rec.count_bytes() for rec in content.values()))
+
+
+def short_reason(reason: str) -> str:
+    """The last meaningful line of a (possibly 1 kB Ray traceback) error reason."""
+    lines = [ln.strip() for ln in str(reason).strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "unknown error"
+
+
+@dataclass
+class RoundLog:
+    """What happened in one round, as the strategy saw it."""
+
+    started: float = field(default_factory=time.time)
+    sampled: list[int] = field(default_factory=list)
+    ok: list[int] = field(default_factory=list)
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    bytes_down: int = 0
+    bytes_up: int = 0
+    train_metrics: dict[str, Any] = field(default_factory=dict)
+    eval_metrics: dict[str, Any] = field(default_factory=dict)
+    clients: dict[int, dict[str, Any]] = field(default_factory=dict)
+    skipped: bool = False
+
+
+class FlowerbedFedAvg(FedAvg):
+    """Flower's FedAvg with flowerbed's sampling, validation and accounting (see module doc)."""
+
+    #: ArrayRecords every training reply must carry, each compared with the sent model:
+    #: "exact" (same keys and shapes) or "subset" (a subset of its keys, same shapes).
+    reply_arrays: dict[str, str] = {"arrays": "exact"}
+
+    def __init__(self, cfg: Config | None = None, **fedavg_kwargs: Any) -> None:
+        # A subclass that also inherits another Flower strategy (FedProx) sets self.cfg first,
+        # because that strategy calls this __init__ with FedAvg's keywords only.
+        self.cfg: Config = cfg if cfg is not None else self.cfg
+        kwargs = dict(fraction_train=self.cfg.fraction_train,
+                      fraction_evaluate=self.cfg.fraction_evaluate,
+                      min_train_nodes=self.cfg.min_clients, min_evaluate_nodes=1,
+                      min_available_nodes=self.cfg.min_clients)
+        kwargs.update(fedavg_kwargs)
+        super().__init__(**kwargs)
+        self.node_of: dict[int, int] = {}       # partition id -> node id
+        self.partition_of: dict[int, int] = {}  # node id -> partition id
+        self.num_partitions: int | None = None
+        self.round = RoundLog()
+        self._sent: list[Message] = []
+        self._reference: ArrayRecord | None = None
+
+    # ------------------------------------------------------------------ nodes and sampling
+    def discover(self, grid: Grid, wait_all: float = 0.0) -> int:
+        """Map nodes to partition ids (whoami round for new nodes); returns num-partitions.
+
+        With ``wait_all > 0``, keep waiting up to that many seconds until every partition has
+        a node (nodes register one by one when a federation starts).
+        """
+        deadline = time.time() + wait_all
+        while True:
+            nodes = set(grid.get_node_ids())
+            for nid in [n for n in self.partition_of if n not in nodes]:
+                self.node_of.pop(self.partition_of.pop(nid), None)
+            new = sorted(nodes - set(self.partition_of))
+            if new:
+                self._whoami(grid, new)
+            n = self.num_partitions or 0
+            if len(self.node_of) >= n or time.time() >= deadline:
+                return n
+            time.sleep(0.5)
+
+    def _whoami(self, grid: Grid, node_ids: list[int]) -> None:
+        msgs = [Message(content=RecordDict({"config": ConfigRecord()}), message_type=WHOAMI,
+                        dst_node_id=n) for n in node_ids]
+        for reply in grid.send_and_receive(msgs, timeout=120):
+            if reply.has_error():
+                log.warning("node %s did not answer whoami: %s", reply.metadata.src_node_id,
+                            short_reason(reply.error.reason))
+                continue
+            info = reply.content["info"]
+            pid, num = int(info["partition-id"]), int(info["num-partitions"])
+            if self.num_partitions not in (None, num):
+                raise ConfigError("num-partitions", num, f"node {reply.metadata.src_node_id} "
+                                  f"disagrees with the other nodes ({self.num_partitions})")
+            if not 0 <= pid < num:
+                raise ConfigError("partition-id", pid, f"must be in [0, {num})")
+            self.num_partitions = num
+            old = self.node_of.get(pid)
+            if old is not None and old != reply.metadata.src_node_id:
+                log.warning("partition %d now served by node %d (was %d)", pid,
+                            reply.metadata.src_node_id, old)
+                self.partition_of.pop(old, None)
+            self.node_of[pid] = reply.metadata.src_node_id
+            self.partition_of[reply.metadata.src_node_id] = pid
+
+    def sample(self, grid: Grid, server_round: int, fraction: float, stream: int) -> list[int]:
+        """Node ids of the sampled partitions, in partition order (deterministic per seed)."""
+        self.discover(grid)
+        available = sorted(self.node_of)
+        if not available:
+            return []
+        k = max(int(round(len(available) * fraction)), min(self.cfg.min_clients, len(available)))
+        if k >= len(available):
+            chosen = available
+        else:
+            rng = np.random.default_rng([self.cfg.seed, server_round, stream])
+            chosen = sorted(int(p) for p in rng.choice(available, size=k, replace=False))
+        return [self.node_of[p] for p in chosen]
+
+    def _messages(self, content: RecordDict, node_ids: list[int], message_type: str
+                  ) -> list[Message]:
+        msgs = [Message(content=content, message_type=message_type, dst_node_id=n) for n in node_ids]
+        self._sent = msgs
+        self.round.bytes_down += record_bytes(content) * len(msgs)
+        return msgs
+
+    # ------------------------------------------------------------------ training
+    def train_content(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord
+                      ) -> RecordDict:
+        """What a training message carries; methods add their records here."""
+        return RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        self.round = RoundLog()
+        config["server-round"] = server_round
+        node_ids = self.sample(grid, server_round, self.fraction_train, stream=0)
+        self.round.sampled = [self.partition_of[n] for n in node_ids]
+        self._reference = arrays
+        return self._messages(self.train_content(server_round, arrays, config), node_ids,
+                              MessageType.TRAIN)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        self.round.train_metrics = dict(metrics or {})
+        return arrays, metrics
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluates(self, server_round: int) -> bool:
+        """Whether round ``server_round`` evaluates (every eval-every rounds, and the last)."""
+        return (server_round % self.cfg.eval_every == 0
+                or server_round == self.cfg.num_server_rounds)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        if not self.evaluates(server_round) or self.cfg.local_test_fraction == 0:
+            return []
+        config["server-round"] = server_round
+        node_ids = self.sample(grid, server_round, self.fraction_evaluate, stream=1)
+        content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        return self._messages(content, node_ids, MessageType.EVALUATE)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None:
+        metrics = super().aggregate_evaluate(server_round, replies)
+        self.round.eval_metrics = dict(metrics or {})
+        return metrics
+
+    # ------------------------------------------------------------------ reply validation
+    def _check_and_log_replies(self, replies: Iterable[Message], is_train: bool,
+                               validate: bool = True) -> tuple[list[Message], list[Message]]:
+        """Keep only usable replies, sorted by partition id; log each rejected one by client."""
+        replies = list(replies)
+        dst_of = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
+        answered = {r.metadata.reply_to_message_id for r in replies}
+        valid: list[tuple[int, Message]] = []
+        rejected: list[Message] = []
+        phase = "train" if is_train else "evaluate"
+        for reply in replies:
+            node = dst_of.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+            pid = self.partition_of.get(node, -1)
+            if not reply.has_error():
+                self.round.bytes_up += record_bytes(reply.content)
+            problem = self.check_reply(reply, is_train)
+            if problem:
+                self._fail(pid, node, phase, problem)
+                rejected.append(reply)
+                continue
+            valid.append((pid, reply))
+            metrics = self._metrics_of(reply)
+            self.round.clients.setdefault(pid, {}).update(
+                {f"{phase}-{k}" if k != "num-examples" else f"{phase}-examples": v
+                 for k, v in metrics.items()})
+        for msg in self._sent:
+            if msg.metadata.message_id not in answered:
+                node = msg.metadata.dst_node_id
+                self._fail(self.partition_of.get(node, -1), node, phase, "no reply before timeout")
+        valid.sort(key=lambda t: t[0])
+        if is_train:
+            self.round.ok = [pid for pid, _ in valid]
+            if len(valid) < self.cfg.min_clients:
+                log.warning("round: only %d valid training replies (< min-clients=%d); the model "
+                            "is kept unchanged this round", len(valid), self.cfg.min_clients)
+                self.round.skipped = True
+                return [], rejected
+        return [r for _, r in valid], rejected
+
+    def _fail(self, pid: int, node: int, phase: str, problem: str) -> None:
+        log.warning("client partition %d (node %d) left out of %s: %s", pid, node, phase, problem)
+        self.round.failed.append({"partition": pid, "phase": phase, "reason": problem})
+
+    @staticmethod
+    def _metrics_of(reply: Message) -> dict[str, Any]:
+        return dict(next(iter(reply.content.metric_records.values())))
+
+    def check_reply(self, reply: Message, is_train: bool) -> str | None:
+        """Why ``reply`` cannot be aggregated, or None when it can."""
+        if reply.has_error():
+            return f"client error (code {reply.error.code}): {short_reason(reply.error.reason)}"
+        content = reply.content
+        mrs = list(content.metric_records.values())
+        if len(mrs) != 1:
+            return f"expected exactly one MetricRecord, got {len(mrs)}"
+        n = mrs[0].get(self.weighted_by_key)
+        if not isinstance(n, int | float) or not n > 0:
+            return f"metric '{self.weighted_by_key}' missing or not positive ({n!r})"
+        for k, v in mrs[0].items():
+            vals = v if isinstance(v, list) else [v]
+            if not all(np.isfinite(vals)):
+                return f"metric '{k}' is not finite ({v})"
+        if not is_train:
+            return None
+        return self.check_arrays(content)
+
+    def check_arrays(self, content: RecordDict) -> str | None:
+        """Exactly the expected ArrayRecords, each matching what was sent, all values finite."""
+        extra = set(content.array_records) - set(self.reply_arrays)
+        if extra:
+            return f"unexpected ArrayRecords {sorted(extra)}"
+        for key, mode in self.reply_arrays.items():
+            if key not in content.array_records:
+                return f"missing ArrayRecord '{key}'"
+            problem = self.check_record(key, content.array_records[key], self._reference,
+                                        subset=mode == "subset")
+            if problem:
+                return problem
+        return None
+
+    @staticmethod
+    def check_record(key: str, rec: ArrayRecord, reference: ArrayRecord | None,
+                     subset: bool = False) -> str | None:
+        """``rec`` has ``reference``'s keys (or a subset) and shapes, and only finite values."""
+        if reference is not None:
+            if subset:
+                reference = ArrayRecord({k: reference[k] for k in rec if k in reference})
+            problem = same_shapes(rec, reference)
+            if problem:
+                return f"ArrayRecord '{key}': {problem}"
+        if not is_finite(rec):
+            return f"ArrayRecord '{key}' holds NaN or inf values"
+        return None
+
+    # ------------------------------------------------------------------ per-round report
+    def take_round_log(self) -> RoundLog:
+        """The finished round's log (the ServerApp calls this once per round)."""
+        out, self.round = self.round, RoundLog()
+        return out
+
+
+def same_shapes(rec: ArrayRecord, ref: ArrayRecord) -> str | None:
+    """None when ``rec`` has exactly ``ref``'s keys and shapes, else what differs."""
+    if set(rec) != set(ref):
+        missing, extra = sorted(set(ref) - set(rec)), sorted(set(rec) - set(ref))
+        return f"keys differ (missing {missing[:3]}, unexpected {extra[:3]})"
+    for k in ref:
+        if tuple(rec[k].shape) != tuple(ref[k].shape):
+            return f"'{k}' has shape {tuple(rec[k].shape)}, expected {tuple(ref[k].shape)}"
+    return None

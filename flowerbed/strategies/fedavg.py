@@ -1,0 +1,28 @@
+"""FedAvg and FedProx: Flower's own strategies with flowerbed's sampling/validation/accounting."""
+
+from __future__ import annotations
+
+from flwr.serverapp.strategy import FedProx
+
+from flowerbed.config import Config
+from flowerbed.strategies.base import FlowerbedFedAvg
+
+
+class FedAvgStrategy(FlowerbedFedAvg):
+    """FedAvg (McMahan et al., 2017): the sample-weighted mean of the clients' models."""
+
+
+class FedProxStrategy(FedProx, FlowerbedFedAvg):
+    """FedProx (Li et al., 2020): Flower's FedProx, which adds ``proximal-mu`` to the config.
+
+    The MRO is FedProx -> FlowerbedFedAvg -> FedAvg, so Flower's FedProx.configure_train puts mu
+    in the config and then calls our deterministic, accounted configure_train.
+    """
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        FedProx.__init__(self, proximal_mu=cfg.proximal_mu,
+                         fraction_train=cfg.fraction_train,
+                         fraction_evaluate=cfg.fraction_evaluate,
+                         min_train_nodes=cfg.min_clients, min_evaluate_nodes=1,
+                         min_available_nodes=cfg.min_clients)

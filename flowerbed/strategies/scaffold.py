@@ -1,0 +1,63 @@
+"""SCAFFOLD (Karimireddy et al., 2020), server half: global model and server control variate.
+
+Each client keeps its control variate c_i in ``context.state`` and returns its model y_i and
+Δc_i = c_i⁺ − c_i (option II). The server updates
+
+    x ← x + η_g · Σ_i w_i (y_i − x)      (w_i ∝ n_i, as FedAvg; η_g = ``scaffold-server-lr``)
+    c ← c + (1/N) Σ_{i∈S} Δc_i           (N = all clients, S = this round's participants)
+
+c starts empty, meaning zero for every parameter; it gains a key the first time a client
+reports one (control variates cover trainable parameters, not buffers).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+
+from flowerbed.strategies.base import FlowerbedFedAvg
+
+SERVER_CV = "server_cv"
+CV_DELTA = "cv_delta"
+
+
+class ScaffoldStrategy(FlowerbedFedAvg):
+    reply_arrays = {"arrays": "exact", CV_DELTA: "subset"}  # c_i covers parameters only
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.c: dict[str, np.ndarray] = {}
+
+    def train_content(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord
+                      ) -> RecordDict:
+        content = super().train_content(server_round, arrays, config)
+        content[SERVER_CV] = ArrayRecord({k: Array(v) for k, v in self.c.items()})
+        return content
+
+    def aggregate_train(self, server_round: int, replies):
+        valid, _ = self._check_and_log_replies(replies, is_train=True)
+        if not valid:
+            return None, None
+        models = [RecordDict({"arrays": r.content["arrays"], "m": self._metric_record(r)})
+                  for r in valid]
+        avg = aggregate_arrayrecords(models, self.weighted_by_key)
+        eta = self.cfg.scaffold_server_lr
+        if eta != 1.0 and self._reference is not None:
+            avg = ArrayRecord({k: Array((self._reference[k].numpy()
+                                         + eta * (avg[k].numpy() - self._reference[k].numpy()))
+                                        .astype(self._reference[k].numpy().dtype))
+                               for k in avg})
+        n_total = max(self.num_partitions or len(valid), len(valid))
+        for r in valid:
+            for k, arr in r.content[CV_DELTA].items():
+                d = arr.numpy().astype(np.float32) / n_total
+                self.c[k] = self.c[k] + d if k in self.c else d
+        metrics = self.train_metrics_aggr_fn([RecordDict({"m": self._metric_record(r)})
+                                              for r in valid], self.weighted_by_key)
+        self.round.train_metrics = dict(metrics)
+        return avg, metrics
+
+    @staticmethod
+    def _metric_record(reply: Message) -> MetricRecord:
+        return next(iter(reply.content.metric_records.values()))

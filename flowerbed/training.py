@@ -1,0 +1,125 @@
+"""The few local loops every method reuses: seeding, batching, a supervised epoch, evaluation."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord
+from torch import nn
+from torch.nn import functional as F
+
+from flowerbed.datasets import DataSet
+
+log = logging.getLogger("flowerbed")
+
+LossHook = Callable[[nn.Module], torch.Tensor]
+GradHook = Callable[[nn.Module], None]
+
+
+def pick_device() -> torch.device:
+    """CUDA when this process was given a GPU (Ray sets CUDA_VISIBLE_DEVICES), else CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def configure_threads() -> None:
+    """Use as many torch threads as CPUs this process was given (Ray sets OMP_NUM_THREADS)."""
+    n = os.environ.get("OMP_NUM_THREADS")
+    if n and n.isdigit() and int(n) > 0 and torch.get_num_threads() != int(n):
+        torch.set_num_threads(int(n))
+
+
+def seeded_generator(*parts: int) -> torch.Generator:
+    """A torch generator seeded from several integers (e.g. seed, partition id, round)."""
+    seed = int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def batches(data: DataSet, batch_size: int, device: torch.device,
+            generator: torch.Generator | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Normalised ``(x, y)`` batches on ``device``; shuffled when a generator is given.
+
+    Slicing an in-memory uint8 tensor is much cheaper than a DataLoader with per-sample
+    transforms, which matters on small CPU machines.
+    """
+    n = len(data)
+    order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
+    for start in range(0, n, batch_size):
+        idx = order[start:start + batch_size]
+        yield data.normalise(data.x[idx].to(device)), data.y[idx].to(device)
+
+
+def make_optimizer(model: nn.Module, lr: float, momentum: float, weight_decay: float):
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+def train_epochs(model: nn.Module, data: DataSet, *, epochs: int, batch_size: int, lr: float,
+                 momentum: float, weight_decay: float, device: torch.device,
+                 generator: torch.Generator, loss_hook: LossHook | None = None,
+                 grad_hook: GradHook | None = None) -> tuple[float, int]:
+    """Supervised cross-entropy training; returns (mean loss, number of optimiser steps).
+
+    ``loss_hook(model)`` adds a term to each batch's loss (FedProx's proximal term);
+    ``grad_hook(model)`` edits gradients before each step (SCAFFOLD's correction).
+    """
+    model.to(device).train()
+    opt = make_optimizer(model, lr, momentum, weight_decay)
+    total, count, steps = 0.0, 0, 0
+    for _ in range(epochs):
+        for xb, yb in batches(data, batch_size, device, generator):
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(xb), yb)
+            if loss_hook is not None:
+                loss = loss + loss_hook(model)
+            loss.backward()
+            if grad_hook is not None:
+                grad_hook(model)
+            opt.step()
+            total += float(loss.detach()) * len(yb)
+            count += len(yb)
+            steps += 1
+    return (total / max(count, 1), steps)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: DataSet, device: torch.device,
+             batch_size: int = 1000) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) of ``model`` on ``data``."""
+    if len(data) == 0:
+        return float("nan"), float("nan")
+    model.to(device).eval()
+    loss, correct = 0.0, 0
+    for xb, yb in batches(data, batch_size, device):
+        out = model(xb)
+        loss += float(F.cross_entropy(out, yb, reduction="sum"))
+        correct += int((out.argmax(1) == yb).sum())
+    return loss / len(data), correct / len(data)
+
+
+def to_record(model: nn.Module) -> ArrayRecord:
+    """The model's state_dict as an ArrayRecord (CPU tensors)."""
+    return ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+
+
+def load_record(model: nn.Module, record: ArrayRecord) -> nn.Module:
+    """Load an ArrayRecord into ``model`` (strict: every key and shape must match)."""
+    model.load_state_dict(record.to_torch_state_dict(), strict=True)
+    return model
+
+
+def is_finite(record: ArrayRecord) -> bool:
+    """True when every floating value in the record is finite."""
+    for arr in record.values():
+        a = arr.numpy()
+        if a.dtype.kind in "fc" and not np.isfinite(a).all():
+            return False
+    return True
+
+
+def finite_or_nan(x: float) -> float:
+    return float(x) if math.isfinite(x) else float("nan")

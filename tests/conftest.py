@@ -1,0 +1,51 @@
+"""Shared fixtures: a real local SuperLink for end-to-end runs, and fake replies for unit tests."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from flwr.app import Error, Message, RecordDict
+
+from flowerbed.config import Config
+
+_ids = itertools.count(1)
+
+
+@pytest.fixture(autouse=True)
+def _task_identity():
+    """Flower stamps messages with the running task's identity; give unit tests one."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    yield
+
+
+@pytest.fixture(scope="session")
+def superlink(tmp_path_factory):
+    """One simulation SuperLink (this venv, no per-run installs) for every end-to-end test."""
+    from flowerbed import engine
+
+    home = tmp_path_factory.mktemp("flwr-home")
+    with engine.local_superlink(home=home) as (h, conn):
+        yield h, conn
+
+
+def sent(node_id: int, content: RecordDict | None = None, mtype: str = "train") -> Message:
+    """A server->client message as the Grid would have sent it (message id filled in)."""
+    msg = Message(content=content or RecordDict(), message_type=mtype, dst_node_id=node_id)
+    msg.metadata.__dict__["_message_id"] = f"m{next(_ids)}"
+    return msg
+
+
+def reply(to: Message, content: RecordDict) -> Message:
+    return Message(content=content, reply_to=to)
+
+
+def error_reply(to: Message, reason: str = "Traceback...\nValueError: boom") -> Message:
+    return Message(error=Error(code=2, reason=reason), reply_to=to)
+
+
+@pytest.fixture
+def cfg() -> Config:
+    return Config.from_run_config({"min-clients": 1})

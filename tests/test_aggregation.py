@@ -1,0 +1,141 @@
+"""Server-side logic on replies built here: FedAvg's mean, reply validation, SCAFFOLD's update."""
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from flowerbed.strategies.fedavg import FedAvgStrategy, FedProxStrategy
+from flowerbed.strategies.scaffold import CV_DELTA, ScaffoldStrategy
+from tests.conftest import error_reply, reply, sent
+
+SHAPES = {"w": (3, 2), "b": (2,)}
+
+
+def arrays(value: float | dict) -> ArrayRecord:
+    vals = value if isinstance(value, dict) else {k: np.full(s, value, np.float32)
+                                                   for k, s in SHAPES.items()}
+    return ArrayRecord({k: Array(np.asarray(v, np.float32)) for k, v in vals.items()})
+
+
+def content(value, n, **extra):
+    rd = RecordDict({"arrays": arrays(value), "metrics": MetricRecord({"num-examples": n,
+                                                                       "train-loss": 1.0})})
+    for k, v in extra.items():
+        rd[k] = v
+    return rd
+
+
+def prepared(strategy, nodes):
+    """A strategy that 'sent' a training message to each node (partition i = node 100+i)."""
+    for i, n in enumerate(nodes):
+        strategy.node_of[i], strategy.partition_of[n] = n, i
+    strategy.num_partitions = len(nodes)
+    strategy._reference = arrays(0.0)
+    strategy._sent = [sent(n) for n in nodes]
+    return strategy._sent
+
+
+def test_fedavg_is_the_sample_weighted_mean(cfg):
+    s = FedAvgStrategy(cfg)
+    msgs = prepared(s, [101, 102, 103])
+    reps = [reply(msgs[0], content(1.0, 10)), reply(msgs[1], content(2.0, 30)),
+            reply(msgs[2], content(4.0, 60))]
+    out, metrics = s.aggregate_train(1, reps)
+    expected = (1 * 10 + 2 * 30 + 4 * 60) / 100
+    assert np.allclose(out["w"].numpy(), expected) and np.allclose(out["b"].numpy(), expected)
+    assert metrics["train-loss"] == pytest.approx(1.0)
+    assert s.round.ok == [0, 1, 2] and s.round.failed == []
+
+
+def test_bad_replies_are_left_out_and_named(cfg, caplog):
+    s = FedAvgStrategy(cfg)
+    msgs = prepared(s, [101, 102, 103, 104, 105, 106])
+    nan = {k: np.full(sh, np.nan) for k, sh in SHAPES.items()}
+    wrong = {"w": np.zeros((2, 2)), "b": np.zeros(2)}
+    missing_key = RecordDict({"arrays": arrays(9.0), "metrics": MetricRecord({"loss": 1.0})})
+    reps = [reply(msgs[0], content(2.0, 10)),
+            reply(msgs[1], content(nan, 10)),
+            reply(msgs[2], content(wrong, 10)),
+            reply(msgs[3], missing_key),
+            error_reply(msgs[4]),
+            reply(msgs[5], content(4.0, 10))]
+    with caplog.at_level("WARNING", logger="flowerbed"):
+        out, _ = s.aggregate_train(1, reps)
+    assert np.allclose(out["w"].numpy(), 3.0)  # only partitions 0 and 5
+    failed = {f["partition"]: f["reason"] for f in s.round.failed}
+    assert set(failed) == {1, 2, 3, 4}
+    assert "NaN" in failed[1] and "shape" in failed[2] and "num-examples" in failed[3]
+    assert "ValueError: boom" in failed[4]
+    assert "client partition 1 (node 102)" in caplog.text
+
+
+def test_missing_reply_is_counted_and_round_goes_on(cfg):
+    s = FedAvgStrategy(cfg)
+    msgs = prepared(s, [101, 102, 103])
+    out, _ = s.aggregate_train(1, [reply(msgs[0], content(1.0, 5)), reply(msgs[2], content(3.0, 5))])
+    assert np.allclose(out["w"].numpy(), 2.0)
+    assert [f["partition"] for f in s.round.failed] == [1]
+    assert "no reply" in s.round.failed[0]["reason"]
+
+
+def test_round_skipped_below_min_clients(cfg):
+    s = FedAvgStrategy(cfg.replace(min_clients=2))
+    msgs = prepared(s, [101, 102])
+    out, metrics = s.aggregate_train(1, [reply(msgs[0], content(1.0, 5)), error_reply(msgs[1])])
+    assert out is None and metrics is None and s.round.skipped
+
+
+def test_replies_are_aggregated_in_partition_order(cfg):
+    """Float sums depend on order; sorting by partition id makes the result deterministic."""
+    s = FedAvgStrategy(cfg)
+    msgs = prepared(s, [101, 102, 103])
+    vals = [0.1, 1e8, -1e8]
+    reps = [reply(m, content(v, 1)) for m, v in zip(msgs, vals, strict=True)]
+    a, _ = s.aggregate_train(1, reps)
+    b, _ = s.aggregate_train(1, list(reversed(reps)))
+    assert np.array_equal(a["w"].numpy(), b["w"].numpy())
+
+
+def test_fedprox_sends_mu_and_samples_deterministically(cfg):
+    class FakeGrid:
+        def get_node_ids(self):
+            return [101, 102, 103, 104]
+
+    s = FedProxStrategy(cfg.replace(proximal_mu=0.5, fraction_train=0.5, min_clients=1))
+    prepared(s, [101, 102, 103, 104])
+    msgs = list(s.configure_train(3, arrays(0.0), ConfigRecord(), FakeGrid()))
+    assert len(msgs) == 2
+    assert msgs[0].content["config"]["proximal-mu"] == 0.5
+    again = FedProxStrategy(cfg.replace(proximal_mu=0.5, fraction_train=0.5, min_clients=1))
+    prepared(again, [101, 102, 103, 104])
+    msgs2 = list(again.configure_train(3, arrays(0.0), ConfigRecord(), FakeGrid()))
+    assert [m.metadata.dst_node_id for m in msgs] == [m.metadata.dst_node_id for m in msgs2]
+    assert s.round.bytes_down == 2 * sum(r.count_bytes() for r in msgs[0].content.values())
+
+
+def test_scaffold_server_update(cfg):
+    s = ScaffoldStrategy(cfg.replace(scaffold_server_lr=0.5))
+    msgs = prepared(s, [101, 102, 103, 104])  # N = 4 clients, 2 participate
+    d1 = ArrayRecord({"w": Array(np.full((3, 2), 1.0, np.float32))})
+    d2 = ArrayRecord({"w": Array(np.full((3, 2), 3.0, np.float32))})
+    reps = [reply(msgs[0], content(2.0, 10, **{CV_DELTA: d1})),
+            reply(msgs[1], content(4.0, 30, **{CV_DELTA: d2}))]
+    s._sent = msgs[:2]
+    out, _ = s.aggregate_train(1, reps)
+    # x <- x + eta * (weighted mean - x) = 0 + 0.5 * 3.5
+    assert np.allclose(out["w"].numpy(), 0.5 * (2 * 10 + 4 * 30) / 40)
+    # c <- c + (1/N) sum of deltas = (1 + 3) / 4
+    assert np.allclose(s.c["w"], 1.0) and "b" not in s.c
+    content_next = s.train_content(2, out, ConfigRecord())
+    assert np.allclose(content_next["server_cv"]["w"].numpy(), 1.0)
+
+
+def test_scaffold_rejects_reply_without_delta(cfg):
+    s = ScaffoldStrategy(cfg)
+    msgs = prepared(s, [101, 102])
+    bad = {"w": Array(np.zeros((9, 9), np.float32))}
+    reps = [reply(msgs[0], content(1.0, 5)),
+            reply(msgs[1], content(1.0, 5, **{CV_DELTA: ArrayRecord(bad)}))]
+    assert s.aggregate_train(1, reps) == (None, None)
+    reasons = [f["reason"] for f in s.round.failed]
+    assert "missing ArrayRecord 'cv_delta'" in reasons[0] and "shape" in reasons[1]

@@ -1,0 +1,70 @@
+"""Bad input stops the run before round 1 with one line naming the key, value and what is allowed."""
+
+import pytest
+
+from flowerbed.config import Config, ConfigError, defaults, parse_partition
+from flowerbed.datasets.federated import client_partitions
+
+
+def test_defaults_come_from_pyproject():
+    cfg = Config.from_run_config()
+    assert cfg.method == defaults()["method"] == "fedavg"
+    assert str(cfg.partition) == defaults()["partition"]
+    assert Config.from_run_config(cfg.to_run_config()) == cfg
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("method", "fedfoo", "known methods"),
+    ("dataset", "imagenet", "known data sets"),
+    ("model", "vgg", "known models"),
+    ("partition", "zipf:2", "unknown partition kind"),
+    ("partition", "dirichlet:0", "alpha must be"),
+    ("partition", "dirichlet:-1", "alpha must be"),
+    ("partition", "dirichlet:abc", "not a number"),
+    ("partition", "pathological:0", "integer >= 1"),
+    ("partition", "iid:3", "takes no parameter"),
+    ("fraction-train", 0.0, "(0, 1]"),
+    ("fraction-train", 1.5, "(0, 1]"),
+    ("fraction-evaluate", -0.1, "(0, 1]"),
+    ("local-test-fraction", 1.0, "[0, 1)"),
+    ("lr", 0.0, "> 0"),
+    ("lr", float("nan"), "> 0"),
+    ("num-server-rounds", 0, ">= 1"),
+    ("batch-size", "32", "number (int)"),
+    ("local-epochs", True, "boolean"),
+    ("momentum", 1.0, "[0, 1)"),
+])
+def test_bad_values_name_the_key(key, value, needle):
+    with pytest.raises(ConfigError) as e:
+        Config.from_run_config({key: value})
+    msg = str(e.value)
+    assert f"'{key}'" in msg and needle in msg and "\n" not in msg
+
+
+def test_unknown_key():
+    with pytest.raises(ConfigError, match="'no-such-key'.*unknown key"):
+        Config.from_run_config({"no-such-key": 1})
+
+
+def test_k_larger_than_classes_is_refused():
+    cfg = Config.from_run_config({"partition": "pathological:11", "train-samples": 2000})
+    with pytest.raises(ConfigError, match="'partition'.*11 classes per client.*10 classes"):
+        client_partitions(cfg, 10)
+
+
+def test_more_clients_than_samples_is_refused():
+    cfg = Config.from_run_config({"partition": "iid", "train-samples": 50})
+    with pytest.raises(ConfigError, match="more clients than training samples"):
+        client_partitions(cfg, 51)
+
+
+def test_impossible_dirichlet_min_size_is_refused():
+    cfg = Config.from_run_config({"partition": "dirichlet:0.01", "train-samples": 300,
+                                  "min-partition-size": 29})
+    with pytest.raises(ConfigError, match="'partition'.*cannot split"):
+        client_partitions(cfg, 10)
+
+
+def test_parse_partition_round_trip():
+    for text in ("iid", "dirichlet:0.1", "pathological:2", "shards:3"):
+        assert str(parse_partition(text)) == text

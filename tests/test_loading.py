@@ -1,0 +1,117 @@
+"""Loaders on small files written here in the real on-disk formats (IDX, CIFAR pickles, SVHN .mat)."""
+
+import gzip
+import pickle
+import struct
+
+import numpy as np
+import pytest
+import scipy.io
+
+from flowerbed.datasets.loading import DataError, load_dataset, read_idx
+
+rng = np.random.default_rng(0)
+
+
+def write_idx(path, array, gz=False):
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    data = header + array.astype(np.uint8).tobytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    (gzip.open if gz else open)(path, "wb").write(data)
+
+
+def write_mnist(root, n_train=40, n_test=20, gz=True):
+    suffix = ".gz" if gz else ""
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        x = rng.integers(0, 256, (n, 28, 28))
+        y = np.arange(n) % 10
+        write_idx(root / f"{prefix}-images-idx3-ubyte{suffix}", x, gz)
+        write_idx(root / f"{prefix}-labels-idx1-ubyte{suffix}", y, gz)
+    return x, y
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_fashion_mnist_idx_from_data_root(tmp_path, gz):
+    x, y = write_mnist(tmp_path, gz=gz)
+    ds = load_dataset("fashion-mnist", train=False, data_root=str(tmp_path))
+    assert ds.x.shape == (20, 1, 28, 28) and ds.x.dtype.is_floating_point is False
+    assert np.array_equal(ds.x[:, 0].numpy(), x) and np.array_equal(ds.y.numpy(), y)
+    assert len(load_dataset("fashion-mnist", train=True, data_root=str(tmp_path))) == 40
+
+
+def test_mnist_torchvision_layout(tmp_path):
+    write_mnist(tmp_path / "MNIST" / "raw", gz=False)
+    ds = load_dataset("mnist", train=True, data_root=str(tmp_path))
+    assert len(ds) == 40 and ds.num_classes == 10
+
+
+def test_truncated_idx_is_a_clear_error(tmp_path):
+    p = tmp_path / "t10k-images-idx3-ubyte"
+    write_idx(p, rng.integers(0, 256, (5, 28, 28)))
+    p.write_bytes(p.read_bytes()[:-100])
+    with pytest.raises(DataError, match="truncated"):
+        read_idx(p)
+    (tmp_path / "bad").write_bytes(b"\x01\x02\x03\x04rest")
+    with pytest.raises(DataError, match="magic"):
+        read_idx(tmp_path / "bad")
+
+
+def test_debian_fashion_mnist_is_the_default():
+    ds = load_dataset("fashion-mnist", train=False)
+    assert len(ds) == 10000 and ds.shape == (1, 28, 28)
+    assert sorted(np.unique(ds.y.numpy()).tolist()) == list(range(10))
+
+
+def _cifar_batch(n, key, classes):
+    # The real batches are Python 2 pickles with str keys; torchvision reads them as latin1.
+    return {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+            key: (np.arange(n) % classes).tolist(), "batch_label": "x"}
+
+
+def test_cifar10_pickle_batches(tmp_path):
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for i in range(1, 6):
+        pickle.dump(_cifar_batch(4, "labels", 10), open(folder / f"data_batch_{i}", "wb"), protocol=2)
+    pickle.dump(_cifar_batch(6, "labels", 10), open(folder / "test_batch", "wb"))
+    pickle.dump({"label_names": ["c"] * 10}, open(folder / "batches.meta", "wb"))
+    with pytest.warns(UserWarning, match="checksums"):
+        train = load_dataset("cifar10", train=True, data_root=str(tmp_path))
+    assert train.x.shape == (20, 3, 32, 32) and train.num_classes == 10
+    assert len(load_dataset("cifar10", train=False, data_root=str(tmp_path))) == 6
+
+
+def test_cifar100_pickles(tmp_path):
+    folder = tmp_path / "cifar-100-python"
+    folder.mkdir()
+    pickle.dump(_cifar_batch(8, "fine_labels", 100), open(folder / "train", "wb"))
+    pickle.dump(_cifar_batch(3, "fine_labels", 100), open(folder / "test", "wb"))
+    pickle.dump({"fine_label_names": ["c"] * 100}, open(folder / "meta", "wb"))
+    with pytest.warns(UserWarning):
+        ds = load_dataset("cifar100", train=True, data_root=str(tmp_path))
+    assert ds.x.shape == (8, 3, 32, 32) and ds.num_classes == 100
+
+
+def test_svhn_mat(tmp_path):
+    n = 7
+    X = rng.integers(0, 256, (32, 32, 3, n), dtype=np.uint8)
+    y = np.array([10, 1, 2, 3, 4, 5, 6]).reshape(n, 1)  # SVHN stores digit 0 as label 10
+    scipy.io.savemat(tmp_path / "train_32x32.mat", {"X": X, "y": y})
+    with pytest.warns(UserWarning):
+        ds = load_dataset("svhn", train=True, data_root=str(tmp_path))
+    assert ds.x.shape == (n, 3, 32, 32)
+    assert ds.y.tolist() == [0, 1, 2, 3, 4, 5, 6]
+    assert np.array_equal(ds.x[0].numpy(), X[:, :, :, 0].transpose(2, 0, 1))
+
+
+def test_missing_files_say_where_we_looked(tmp_path, monkeypatch):
+    import flowerbed.datasets.loading as L
+
+    def offline(*a, **k):
+        raise DataError("download failed (offline)")
+
+    monkeypatch.setattr(L, "_torchvision_download", offline)
+    with pytest.raises(DataError, match=str(tmp_path)):
+        load_dataset("cifar10", train=True, data_root=str(tmp_path))
+    with pytest.raises(DataError, match="no IDX files"):
+        load_dataset("mnist", train=True, data_root=str(tmp_path / "empty"))

@@ -1,0 +1,84 @@
+"""Partitioners: sizes, label skew, determinism, agreement with flwr-datasets, client splits."""
+
+import numpy as np
+import pytest
+from datasets import Dataset
+from flwr_datasets.partitioner import DirichletPartitioner
+
+from flowerbed.config import parse_partition
+from flowerbed.datasets.partition import client_split, label_histogram, partition_indices
+
+rng = np.random.default_rng(0)
+LABELS = np.repeat(np.arange(10), 300)[rng.permutation(3000)]
+
+
+def split(spec, n=10, seed=0, labels=LABELS):
+    return partition_indices(labels, parse_partition(spec), n, seed, min_partition_size=10)
+
+
+@pytest.mark.parametrize("spec", ["iid", "dirichlet:0.5", "pathological:2", "shards:2"])
+def test_disjoint_and_covering(spec):
+    parts = split(spec)
+    allidx = np.concatenate(parts)
+    assert len(allidx) == len(set(allidx.tolist()))
+    assert set(allidx.tolist()) <= set(range(len(LABELS)))
+    if spec in ("iid", "dirichlet:0.5"):
+        assert len(allidx) == len(LABELS)
+    assert all(len(p) > 0 for p in parts)
+
+
+def test_iid_sizes_equal():
+    sizes = [len(p) for p in split("iid")]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_deterministic_and_seeded():
+    a, b, c = split("dirichlet:0.3", seed=1), split("dirichlet:0.3", seed=1), split("dirichlet:0.3", seed=2)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
+    # the IID split, which has no seed of its own in flwr-datasets, depends on ours too
+    assert not np.array_equal(split("iid", seed=1)[0], split("iid", seed=2)[0])
+
+
+def _skew(parts):
+    hist = label_histogram(LABELS, parts, 10).astype(float)
+    p = hist / hist.sum(1, keepdims=True)
+    return float((p.max(1)).mean())  # mean share of each client's majority class
+
+
+def test_label_skew_orders_with_alpha():
+    assert _skew(split("dirichlet:0.1")) > _skew(split("dirichlet:1.0")) > _skew(split("iid"))
+
+
+def test_min_partition_size_respected():
+    assert min(len(p) for p in split("dirichlet:0.1")) >= 10
+
+
+def test_pathological_k_classes_and_all_classes_held():
+    for k in (1, 2):
+        parts = split(f"pathological:{k}")
+        hist = label_histogram(LABELS, parts, 10)
+        assert ((hist > 0).sum(1) == k).all()
+        assert (hist.sum(0) > 0).all(), "every class must be held by some client"
+
+
+def test_agrees_with_flwr_datasets():
+    """Our wrapper is flwr-datasets' DirichletPartitioner on the seeded, shuffled label set."""
+    seed = 3
+    order = np.random.default_rng(seed).permutation(len(LABELS))
+    ds = Dataset.from_dict({"idx": order, "label": LABELS[order]})
+    part = DirichletPartitioner(num_partitions=10, partition_by="label", alpha=0.5,
+                                min_partition_size=10, seed=seed)
+    part.dataset = ds
+    ours = split("dirichlet:0.5", seed=seed)
+    for i in range(10):
+        assert np.array_equal(np.asarray(part.load_partition(i)["idx"]), ours[i])
+
+
+def test_client_split_fraction_and_disjoint():
+    idx = np.arange(100, 200)
+    tr, te = client_split(idx, 0.25, seed=0, partition_id=4)
+    assert len(te) == 25 and len(tr) == 75
+    assert set(tr.tolist()).isdisjoint(te.tolist()) and set(tr) | set(te) == set(idx)
+    tr2, te2 = client_split(idx, 0.25, seed=0, partition_id=4)
+    assert np.array_equal(te, te2)
