@@ -77,6 +77,9 @@ def progress_line(row: dict[str, Any]) -> str:
         v = row.get(key)
         return "-" if v is None else format(v, fmt)
 
+    if row["round"] == 0:
+        return (f"[round 0/{row.get('rounds', '?')}] initial model: acc {f('accuracy', '.4f')} "
+                f"loss {f('loss', '.4f')}")
     return (f"[round {row['round']}/{row.get('rounds', '?')}] "
             f"acc {f('accuracy', '.4f')} loss {f('loss', '.4f')} | "
             f"train-loss {f('train-loss', '.4f')} client-acc {f('client-accuracy', '.4f')} | "

@@ -1,0 +1,39 @@
+"""FedAvg / FedProx / SCAFFOLD through the launcher, identical partitions and seeds.
+
+Target (issue #2): FedAvg, fashion-mnist, dirichlet:0.5, 10 clients, 20 rounds, 1 local epoch
+reaches >= 88 % test accuracy.
+Usage: .venv/bin/python -m benchmarks.foundation [--rounds 20] [--partition dirichlet:0.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks.common import RESULTS, write_result
+from flowerbed.compare import compare
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--partition", default="dirichlet:0.5")
+    ap.add_argument("--methods", default="fedavg,fedprox,scaffold")
+    args = ap.parse_args()
+    tag = args.partition.replace(":", "")
+    out = Path("runs") / f"bench-foundation-{tag}"
+    overrides = {"partition": args.partition, "num-server-rounds": args.rounds, "seed": 0}
+    table = compare(args.methods.split(","), overrides, num_clients=10, out=out)
+    results = json.loads((out.resolve() / "results.json").read_text())
+    (RESULTS / f"foundation-{tag}.md").write_text(table + "\n")
+    fedavg = results.get("fedavg", {}).get("final-accuracy")
+    write_result(f"foundation-{tag}", {
+        "table": table, "results": results,
+        "target": "fedavg final accuracy >= 0.88 (dirichlet:0.5, 20 rounds)",
+        "met": fedavg is not None and fedavg >= 0.88,
+    })
+
+
+if __name__ == "__main__":
+    main()
