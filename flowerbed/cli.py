@@ -98,6 +98,21 @@ def cmd_partitions(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_superlink(args: argparse.Namespace) -> int:
+    from flowerbed import engine
+
+    if args.action == "up":
+        pid = engine.superlink_up(port=args.port)
+        home = engine.PROJECT / ".flwr-home"
+        print(f"SuperLink pid {pid} on 127.0.0.1:{args.port} (simulation, this venv, no per-run installs)")
+        print(f"now: FLWR_HOME={home} flwr run . --stream --federation-config "
+              f"\"num-supernodes=10 client-resources-num-cpus=1\"")
+    else:
+        pid = engine.superlink_down()
+        print("no SuperLink was started by flowerbed" if pid is None else f"stopped SuperLink pid {pid}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flowerbed", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -114,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default=None, help="output folder (default runs/compare-<time>)")
     _federation_args(c)
     c.set_defaults(fn=cmd_compare)
+
+    u = sub.add_parser("superlink", help="start/stop a background SuperLink for plain `flwr run .`")
+    u.add_argument("action", choices=["up", "down"])
+    u.add_argument("--port", type=int, default=39191)
+    u.set_defaults(fn=cmd_superlink)
 
     s = sub.add_parser("partitions", help="print and plot the per-client label histogram")
     s.add_argument("--dataset", default="fashion-mnist")

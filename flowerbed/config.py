@@ -20,6 +20,7 @@ PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "svhn")
 MODELS = ("cnn", "resnet8", "resnet18")
 PARTITION_KINDS = ("iid", "dirichlet", "pathological", "shards")
+FEDX_BASES = ("simclr", "byol")
 
 
 class ConfigError(ValueError):
@@ -96,6 +97,19 @@ class Config:
     eval_every: int
     round_timeout: float
     seed: int
+    probe_every: int
+    probe_epochs: int
+    probe_lr: float
+    probe_batch_size: int
+    ssl_tau: float
+    ssl_dim: int
+    byol_ema: float
+    fedu_mu: float
+    fedx_base: str
+    fedx_local_kd: bool
+    fedx_global_kd: bool
+    fedx_relational: str
+    fedx_tau_target: float
     output_dir: str
     run_name: str
 
@@ -134,7 +148,8 @@ class Config:
                 raise ConfigError(key, v, "must be in (0, 1]")
         if not 0 <= self.local_test_fraction < 1:
             raise ConfigError("local-test-fraction", self.local_test_fraction, "must be in [0, 1)")
-        positive_ints = ("num-server-rounds", "local-epochs", "batch-size", "eval-every", "min-clients")
+        positive_ints = ("num-server-rounds", "local-epochs", "batch-size", "eval-every", "min-clients",
+                         "probe-every", "probe-epochs", "probe-batch-size", "ssl-dim")
         for key in positive_ints:
             v = getattr(self, key.replace("-", "_"))
             if v < 1:
@@ -143,12 +158,17 @@ class Config:
             v = getattr(self, key.replace("-", "_"))
             if v < 0:
                 raise ConfigError(key, v, "must be an integer >= 0 (0 = no limit)")
-        for key in ("lr", "scaffold-server-lr", "round-timeout"):
+        if self.fedx_base not in FEDX_BASES:
+            raise ConfigError("fedx-base", self.fedx_base, f"known bases: {', '.join(FEDX_BASES)}")
+        if self.fedx_relational not in ("official", "js"):
+            raise ConfigError("fedx-relational", self.fedx_relational, "use official or js")
+        for key in ("lr", "scaffold-server-lr", "round-timeout", "probe-lr", "ssl-tau",
+                    "fedx-tau-target", "fedu-mu"):
             v = getattr(self, key.replace("-", "_"))
             if not (v > 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number > 0")
-        for key in ("momentum",):
-            v = getattr(self, key)
+        for key in ("momentum", "byol-ema"):
+            v = getattr(self, key.replace("-", "_"))
             if not 0 <= v < 1:
                 raise ConfigError(key, v, "must be in [0, 1)")
         for key in ("weight-decay", "proximal-mu"):
@@ -174,6 +194,10 @@ class Config:
 def _coerce(key: str, value: Any, typ: Any) -> Any:
     """Convert a TOML value to the field's type, or raise a ConfigError naming the key."""
     name = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
+    if name == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(key, value, "expected true or false")
+        return value
     if isinstance(value, bool) and name in ("int", "float"):
         raise ConfigError(key, value, f"expected a number ({name}), got a boolean")
     if name in ("int", "float") and not isinstance(value, int | float):

@@ -66,23 +66,74 @@ def flwr_env(home: Path) -> dict[str, str]:
     return env
 
 
+def _write_connection(home: Path, port: int) -> None:
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+        f'address = "127.0.0.1:{port}"\ninsecure = true\n')
+
+
+def _start(home: Path, port: int, out) -> subprocess.Popen:
+    home.mkdir(parents=True, exist_ok=True)
+    _write_connection(home, port)
+    cmd = [_bin("flower-superlink"), "--insecure", "--simulation",
+           "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(cmd, env=flwr_env(home), stdout=out, stderr=subprocess.STDOUT,
+                            cwd=PROJECT, start_new_session=True)
+    _wait_port(port, proc)
+    return proc
+
+
+def superlink_up(home: Path | None = None, port: int = 39191) -> int:
+    """Start a detached simulation SuperLink for plain `flwr run .`; returns its pid."""
+    home = Path(home or PROJECT / ".flwr-home").resolve()
+    pid_file = home / "superlink.pid"
+    if pid_file.exists() and _alive(int(pid_file.read_text())):
+        raise RuntimeError(f"a SuperLink is already running (pid {pid_file.read_text().strip()}); "
+                           "stop it with `flowerbed superlink down`")
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / "superlink.log", "ab") as out:
+        proc = _start(home, port, out)
+    pid_file.write_text(str(proc.pid))
+    return proc.pid
+
+
+def superlink_down(home: Path | None = None) -> int | None:
+    """Stop the SuperLink started by :func:`superlink_up` (and its children); returns its pid."""
+    home = Path(home or PROJECT / ".flwr-home").resolve()
+    pid_file = home / "superlink.pid"
+    if not pid_file.exists():
+        return None
+    pid = int(pid_file.read_text())
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, sig)
+        for _ in range(50):
+            if not _alive(pid):
+                break
+            time.sleep(0.2)
+    pid_file.unlink()
+    return pid
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(OSError, ValueError):  # a zombie is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    return True
+
+
 @contextlib.contextmanager
 def local_superlink(home: Path | None = None, port: int | None = None,
                     log_file: Path | None = None) -> Iterator[tuple[Path, str]]:
     """Start a simulation SuperLink that uses this venv; yield (FLWR_HOME, connection name)."""
     home = Path(home or PROJECT / ".flwr-home").resolve()
     home.mkdir(parents=True, exist_ok=True)
-    port = port or free_port()
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-        f'address = "127.0.0.1:{port}"\ninsecure = true\n')
     out = open(log_file or home / "superlink.log", "ab")  # noqa: SIM115 - closed below
-    cmd = [_bin("flower-superlink"), "--insecure", "--simulation",
-           "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(cmd, env=flwr_env(home), stdout=out, stderr=subprocess.STDOUT,
-                            cwd=PROJECT, start_new_session=True)
+    proc = _start(home, port or free_port(), out)
     try:
-        _wait_port(port, proc)
         log.info("SuperLink (pid %d) on 127.0.0.1:%d, FLWR_HOME=%s", proc.pid, port, home)
         yield home, CONNECTION
     finally:

@@ -123,3 +123,81 @@ def is_finite(record: ArrayRecord) -> bool:
 
 def finite_or_nan(x: float) -> float:
     return float(x) if math.isfinite(x) else float("nan")
+
+
+SSLStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+def ssl_epochs(model: nn.Module, data: DataSet, *, epochs: int, batch_size: int, lr: float,
+               momentum: float, weight_decay: float, device: torch.device,
+               generator: torch.Generator, augment: Callable[[torch.Tensor], torch.Tensor],
+               step: SSLStep, random_batch: bool = False,
+               after_step: Callable[[], None] | None = None) -> tuple[float, int]:
+    """Self-supervised training on two augmented views of each batch; never reads labels.
+
+    ``step(x1, x2, xr)`` returns the loss; ``xr`` is an independent random batch of the same
+    size (FedX's anchor set for the relational loss) when ``random_batch``, else None.
+    A last batch of fewer than 2 samples is dropped (contrastive losses need a negative).
+    """
+    model.to(device).train()
+    opt = make_optimizer(model, lr, momentum, weight_decay)
+    n = len(data)
+    total, count, steps = 0.0, 0, 0
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=generator)
+        rand = torch.randperm(n, generator=generator) if random_batch else None
+        for start in range(0, n, batch_size):
+            idx = order[start:start + batch_size]
+            if len(idx) < 2:
+                continue
+            xa = data.x[idx]
+            x1 = data.normalise(augment(xa).to(device))
+            x2 = data.normalise(augment(xa).to(device))
+            xr = None
+            if rand is not None:
+                xr = data.normalise(augment(data.x[rand[start:start + len(idx)]]).to(device))
+            loss = step(x1, x2, xr)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if after_step is not None:
+                after_step()
+            total += float(loss.detach()) * len(idx)
+            count += len(idx)
+            steps += 1
+    return total / max(count, 1), steps
+
+
+@torch.no_grad()
+def extract_features(encode: Callable[[torch.Tensor], torch.Tensor], data: DataSet,
+                     device: torch.device, batch_size: int = 1000) -> torch.Tensor:
+    """``encode`` applied to the whole (non-augmented) data set, as one CPU tensor."""
+    return torch.cat([encode(xb).float().cpu() for xb, _ in batches(data, batch_size, device)])
+
+
+def linear_probe(train_f: torch.Tensor, train_y: torch.Tensor, test_f: torch.Tensor,
+                 test_y: torch.Tensor, num_classes: int, *, epochs: int, lr: float,
+                 batch_size: int, seed: int) -> tuple[float, float]:
+    """Train a linear classifier on frozen, cached features; (test loss, top-1 test accuracy).
+
+    Features are standardised with the training set's statistics; Adam with weight decay 1e-6
+    (FedX's probe), on shuffled mini-batches from a seeded generator.
+    """
+    mean, std = train_f.mean(0, keepdim=True), train_f.std(0, keepdim=True) + 1e-6
+    xtr, xte = (train_f - mean) / std, (test_f - mean) / std
+    gen = torch.Generator().manual_seed(seed)
+    clf = nn.Linear(xtr.shape[1], num_classes)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        clf.reset_parameters()
+    opt = torch.optim.Adam(clf.parameters(), lr=lr, weight_decay=1e-6)
+    for _ in range(epochs):
+        order = torch.randperm(len(xtr), generator=gen)
+        for start in range(0, len(xtr), batch_size):
+            idx = order[start:start + batch_size]
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(clf(xtr[idx]), train_y[idx]).backward()
+            opt.step()
+    with torch.no_grad():
+        out = clf(xte)
+        return float(F.cross_entropy(out, test_y)), float((out.argmax(1) == test_y).float().mean())

@@ -12,10 +12,9 @@ from flwr.serverapp import Grid, ServerApp
 
 from flowerbed.config import Config, ConfigError
 from flowerbed.datasets.federated import client_partitions, test_set, train_set
-from flowerbed.models import build_model
 from flowerbed.registry import METHODS
 from flowerbed.results import RunDir
-from flowerbed.training import evaluate, load_record, pick_device, to_record
+from flowerbed.training import load_record, pick_device, to_record
 
 log = logging.getLogger("flowerbed")
 app = ServerApp()
@@ -59,8 +58,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     if num_partitions < cfg.min_clients:
         raise ConfigError("min-clients", cfg.min_clients,
                           f"larger than the number of clients ({num_partitions})")
-    c, h, _ = train.shape
-    model = build_model(cfg.model, c, train.num_classes, h)
+    model = method.model(cfg, train)
     device = pick_device()
     run_dir = RunDir(cfg.output_dir, cfg.run_name or default_run_name(cfg),
                      {**cfg.to_run_config(), "num-partitions": num_partitions,
@@ -74,7 +72,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     def end_of_round(rnd: int, arrays: ArrayRecord) -> MetricRecord | None:
         row: dict[str, Any] = {"round": rnd, "rounds": cfg.num_server_rounds}
         if rnd == 0 or strategy.evaluates(rnd):
-            loss, acc = evaluate(load_record(model, arrays), test, device)
+            loss, acc = strategy.evaluate_global(load_record(model, arrays), train, test, device)
             row.update(accuracy=acc, loss=loss)
             if best["accuracy"] is None or acc > best["accuracy"]:
                 best.update(accuracy=acc, round=rnd)
@@ -108,6 +106,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         "seed": cfg.seed, "num-clients": num_partitions, "rounds": cfg.num_server_rounds,
         "final-accuracy": final.get("accuracy"), "final-loss": final.get("loss"),
         "best-accuracy": best["accuracy"], "best-round": best["round"],
+        "initial-accuracy": rows[0].get("accuracy") if rows else None,
         "bytes-up-total": sum(r.get("bytes-up", 0) for r in rows),
         "bytes-down-total": sum(r.get("bytes-down", 0) for r in rows),
         "client-failures-total": sum(r.get("clients-failed", 0) for r in rows),

@@ -10,6 +10,7 @@ from torch import nn
 
 from flowerbed.config import Config
 from flowerbed.datasets.federated import client_data
+from flowerbed.datasets.loading import DataSet
 from flowerbed.models import build_model
 from flowerbed.training import (
     configure_threads,
@@ -22,6 +23,12 @@ from flowerbed.training import (
 )
 
 log = logging.getLogger("flowerbed")
+
+
+def make_model(cfg: Config, data: DataSet) -> nn.Module:
+    """The supervised network for ``data``'s image shape and classes."""
+    c, h, _ = data.shape
+    return build_model(cfg.model, c, data.num_classes, h)
 
 
 class Client:
@@ -40,8 +47,7 @@ class Client:
 
     # ------------------------------------------------------------------ helpers
     def new_model(self) -> nn.Module:
-        c, h, _ = self.train_data.shape
-        return build_model(self.cfg.model, c, self.train_data.num_classes, h)
+        return make_model(self.cfg, self.train_data)
 
     def model_from(self, record: ArrayRecord) -> nn.Module:
         return load_record(self.new_model(), record).to(self.device)

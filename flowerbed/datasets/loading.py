@@ -61,6 +61,10 @@ class DataSet:
         s = torch.tensor(std, device=xb.device).view(1, -1, 1, 1)
         return (xb.float() / 255.0 - m) / s
 
+    def without_labels(self) -> DataSet:
+        """The same images with every label replaced by -1 (for clients that must not see them)."""
+        return DataSet(self.name, self.x, torch.full_like(self.y, -1), self.num_classes)
+
     def subset(self, indices: np.ndarray | torch.Tensor) -> DataSet:
         idx = torch.as_tensor(np.asarray(indices), dtype=torch.long)
         return DataSet(self.name, self.x[idx], self.y[idx], self.num_classes)

@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from flowerbed.config import Config, ConfigError
-from flowerbed.training import is_finite
+from flowerbed.datasets.loading import DataSet
+from flowerbed.training import evaluate, is_finite
 
 log = logging.getLogger("flowerbed")
 
@@ -175,6 +177,11 @@ class FlowerbedFedAvg(FedAvg):
         """Whether round ``server_round`` evaluates (every eval-every rounds, and the last)."""
         return (server_round % self.cfg.eval_every == 0
                 or server_round == self.cfg.num_server_rounds)
+
+    def evaluate_global(self, model: torch.nn.Module, train: DataSet, test: DataSet,
+                        device: torch.device) -> tuple[float, float]:
+        """Server-side (loss, accuracy) of the global model: the test set, supervised."""
+        return evaluate(model, test, device)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:

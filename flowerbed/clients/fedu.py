@@ -1,0 +1,39 @@
+"""FedU (Zhuang et al., ICCV 2021): FedBYOL with a divergence-aware predictor update.
+
+The online encoder (backbone + projector) always starts from the global model. The predictor
+starts from the global one only when the client's last local encoder is within ``fedu-mu``
+(L2 distance) of the global encoder; otherwise the client keeps its own predictor.
+"""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import Message
+
+from flowerbed.clients.fedbyol import BYOLClient
+from flowerbed.models.ssl import SSLNet
+from flowerbed.training import to_record
+
+LOCAL = "fedu.online"
+
+
+class FedUClient(BYOLClient):
+    def prepare(self, model: SSLNet, msg: Message) -> None:
+        super().prepare(model, msg)
+        self.divergence = 0.0
+        local = self.context.state.array_records.get(LOCAL)
+        if local is None:
+            return
+        sd = local.to_torch_state_dict()
+        glob = model.state_dict()
+        enc = [k for k in glob if not k.startswith("predictor.")]
+        self.divergence = float(torch.sqrt(sum(((sd[k].float() - glob[k].float().cpu()) ** 2).sum()
+                                               for k in enc)))
+        if self.divergence >= self.cfg.fedu_mu:
+            model.load_state_dict({k: v for k, v in sd.items() if k.startswith("predictor.")},
+                                  strict=False)
+
+    def finish(self, model: SSLNet) -> dict[str, float]:
+        self.context.state[LOCAL] = to_record(model)
+        return {**super().finish(model), "fedu-divergence": self.divergence,
+                "fedu-kept-local-predictor": float(self.divergence >= self.cfg.fedu_mu)}

@@ -1,0 +1,64 @@
+"""FedX (Han et al., ECCV 2022): local and global cross knowledge distillation, as an add-on.
+
+On top of the base method's loss (``fedx-base``: SimCLR's NT-Xent or BYOL's regression):
+
+    L_local  = base + JS(z1, z2; A = zr; τ, τ_s)                     (``fedx-local-kd``)
+    L_global = NTXent(p1, z2ᵍ; τ) + JS(p1, p2; A = zrᵍ; τ, τ_t)      (``fedx-global-kd``)
+
+z are local projections, p local predictions, ·ᵍ projections of a frozen copy of the received
+global model (eval mode, no gradient); the anchor set A is an independent random batch of the
+client's own data. JS is :func:`flowerbed.losses.relational_loss` in the ``fedx-relational``
+form. All weights are 1, as in the official code.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from flwr.app import Context, Message
+
+from flowerbed.clients.fedbyol import BYOLClient
+from flowerbed.clients.fedsimclr import SimCLRClient, SSLClient
+from flowerbed.config import Config
+from flowerbed.losses import nt_xent, relational_loss
+from flowerbed.models.ssl import SSLNet
+
+
+class FedXMixin:
+    random_batch = True
+
+    def prepare(self, model: SSLNet, msg: Message) -> None:
+        super().prepare(model, msg)
+        self.global_model = copy.deepcopy(model).eval()
+        self.global_model.requires_grad_(False)
+
+    def loss(self, model, v, x1, x2, xr):
+        cfg = self.cfg
+        total = super().loss(model, v, x1, x2, xr)
+        if cfg.fedx_local_kd:
+            total = total + relational_loss(v["z1"], v["z2"], v["zr"], cfg.ssl_tau,
+                                            cfg.fedx_tau_target, cfg.fedx_relational)
+        if cfg.fedx_global_kd:
+            with torch.no_grad():
+                _, zg, _ = self.global_model(torch.cat([x2, xr]))
+            zg2, zgr = zg.split([len(x2), len(xr)])
+            total = total + nt_xent(v["p1"], zg2, cfg.ssl_tau) + relational_loss(
+                v["p1"], v["p2"], zgr, cfg.ssl_tau, cfg.fedx_tau_target, cfg.fedx_relational)
+        return total
+
+
+class FedXSimCLRClient(FedXMixin, SimCLRClient):
+    """FedX on FedSimCLR."""
+
+
+class FedXBYOLClient(FedXMixin, BYOLClient):
+    """FedX on FedBYOL."""
+
+
+BASES: dict[str, type[SSLClient]] = {"simclr": FedXSimCLRClient, "byol": FedXBYOLClient}
+
+
+def fedx_client(cfg: Config, context: Context) -> SSLClient:
+    """The FedX client over the base named by ``fedx-base``."""
+    return BASES[cfg.fedx_base](cfg, context)

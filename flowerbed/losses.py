@@ -1,0 +1,49 @@
+"""Self-supervised and distillation losses (NT-Xent, FedX's relational loss, BYOL)."""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+
+def nt_xent(u: torch.Tensor, v: torch.Tensor, tau: float) -> torch.Tensor:
+    """NT-Xent (SimCLR): row i of ``u`` and row i of ``v`` are positives, the other 2n−2 negatives.
+
+    loss = −mean_i log( exp(sim(i, pos(i))/τ) / Σ_{j≠i} exp(sim(i, j)/τ) ) over the 2n rows.
+    """
+    n = u.shape[0]
+    z = F.normalize(torch.cat([u, v]), dim=1)
+    sim = z @ z.T / tau
+    sim = sim.masked_fill(torch.eye(2 * n, dtype=torch.bool, device=z.device), float("-inf"))
+    target = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)]).to(z.device)
+    return F.cross_entropy(sim, target)
+
+
+def relational_loss(u1: torch.Tensor, u2: torch.Tensor, anchors: torch.Tensor, tau: float,
+                    tau_target: float, form: str = "official") -> torch.Tensor:
+    """FedX's relational loss: similarity distributions of two views over an anchor set agree.
+
+    s_v = norm(u_v) · norm(A)ᵀ, P_v = softmax(s_v / τ).
+    - ``official`` (the FedX code's ``js_loss``): target M = ½(softmax(s1/τ') + softmax(s2/τ')),
+      not detached; loss = ½[KL(M‖P1) + KL(M‖P2)], batch mean.
+    - ``js``: the textbook Jensen–Shannon divergence ½KL(P1‖M) + ½KL(P2‖M) with M = ½(P1 + P2).
+    """
+    a = F.normalize(anchors, dim=1)
+    s1 = F.normalize(u1, dim=1) @ a.T
+    s2 = F.normalize(u2, dim=1) @ a.T
+    if form == "official":
+        logp1, logp2 = F.log_softmax(s1 / tau, dim=1), F.log_softmax(s2 / tau, dim=1)
+        m = 0.5 * (F.softmax(s1 / tau_target, dim=1) + F.softmax(s2 / tau_target, dim=1))
+        return 0.5 * (F.kl_div(logp1, m, reduction="batchmean")
+                      + F.kl_div(logp2, m, reduction="batchmean"))
+    if form == "js":
+        p1, p2 = F.softmax(s1 / tau, dim=1), F.softmax(s2 / tau, dim=1)
+        log_m = torch.log(0.5 * (p1 + p2))
+        return 0.5 * (F.kl_div(log_m, p1, reduction="batchmean")
+                      + F.kl_div(log_m, p2, reduction="batchmean"))
+    raise ValueError(f"unknown relational loss form '{form}' (official, js)")
+
+
+def byol_loss(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """BYOL's regression loss 2 − 2·cos(p, z), batch mean; ``z`` (the target) gets no gradient."""
+    return (2 - 2 * F.cosine_similarity(p, z.detach(), dim=1)).mean()

@@ -1,0 +1,38 @@
+"""Self-supervised network: backbone f, projection head g and prediction head q.
+
+h = f(x) (the backbone's pooled features, used by the linear probe), z = g(h), p = q(z).
+Following FedX's code, g is Linear(d, 256)-ReLU-Linear(256, 256) and q is Linear(256, 256)-
+ReLU-Linear(256, 256); all three parts are aggregated by the server.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from flowerbed.models import build_model
+
+
+def mlp(d_in: int, hidden: int, d_out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, d_out))
+
+
+class SSLNet(nn.Module):
+    def __init__(self, backbone: nn.Module, dim: int = 256) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.projector = mlp(backbone.feature_dim, dim, dim)
+        self.predictor = mlp(dim, dim, dim)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backbone.features(x)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        h = self.features(x)
+        z = self.projector(h)
+        return h, z, self.predictor(z)
+
+
+def ssl_model(name: str, channels: int, num_classes: int, image_size: int, dim: int = 256) -> SSLNet:
+    """An SSLNet on the named backbone (its classifier layer is unused)."""
+    return SSLNet(build_model(name, channels, num_classes, image_size), dim)

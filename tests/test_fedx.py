@@ -1,0 +1,108 @@
+"""FedX and the self-supervised bases: losses by hand, frozen global copy, EMA, no labels."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord, Context, RecordDict
+
+from flowerbed.clients.fedbyol import TARGET, ema_update
+from flowerbed.clients.fedsimclr import make_ssl_model
+from flowerbed.clients.fedx import FedXSimCLRClient
+from flowerbed.config import Config
+from flowerbed.datasets.federated import train_set
+from flowerbed.losses import byol_loss, nt_xent, relational_loss
+from flowerbed.registry import METHODS
+from flowerbed.training import to_record
+from tests.conftest import sent
+
+
+def test_nt_xent_by_hand():
+    u = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    # every row has one positive (sim 1) and two negatives (sim 0) at tau = 1
+    assert nt_xent(u, u.clone(), 1.0).item() == pytest.approx(math.log(1 + 2 / math.e), rel=1e-6)
+    # at tau = 0.5 the sims double
+    assert nt_xent(u, u.clone(), 0.5).item() == pytest.approx(math.log(1 + 2 / math.e ** 2), rel=1e-6)
+
+
+def test_relational_loss_by_hand():
+    u1, u2 = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])
+    anchors = torch.eye(2)
+    s = math.e / (1 + math.e)  # softmax([1, 0])[0]
+    official = math.log(0.5) - 0.5 * math.log(s * (1 - s))       # ½[KL(M‖P1) + KL(M‖P2)], M = ½
+    js = s * math.log(2 * s) + (1 - s) * math.log(2 * (1 - s))    # ½KL(P1‖M) + ½KL(P2‖M)
+    assert relational_loss(u1, u2, anchors, 1.0, 1.0, "official").item() == pytest.approx(official, rel=1e-5)
+    assert relational_loss(u1, u2, anchors, 1.0, 1.0, "js").item() == pytest.approx(js, rel=1e-5)
+    # identical views agree: zero loss in both forms
+    assert relational_loss(u1, u1, anchors, 1.0, 1.0, "js").item() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_official_target_is_not_detached():
+    u1 = torch.tensor([[1.0, 0.2]], requires_grad=True)
+    u2 = torch.tensor([[0.3, 1.0]])
+    relational_loss(u1, u2, torch.eye(2), 0.1, 0.5, "official").backward()
+    assert u1.grad is not None and u1.grad.abs().sum() > 0
+
+
+def test_byol_loss_and_ema():
+    p, z = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 2.0]])
+    assert byol_loss(p, z).item() == pytest.approx(2.0)
+    assert byol_loss(p, p * 3).item() == pytest.approx(0.0, abs=1e-6)
+    t, o = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        t.weight.fill_(1.0), t.bias.fill_(0.0), o.weight.fill_(3.0), o.bias.fill_(1.0)
+    ema_update(t, o, 0.9)
+    assert torch.allclose(t.weight, torch.full((1, 2), 0.9 * 1 + 0.1 * 3))
+    assert torch.allclose(t.bias, torch.tensor([0.1]))
+
+
+SMALL = {"train-samples": 400, "test-samples": 100, "batch-size": 32, "local-test-fraction": 0.0}
+
+
+def make_client(method, **extra):
+    cfg = Config.from_run_config({**SMALL, "method": method, **extra})
+    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 2},
+                  state=RecordDict(), run_config=cfg.to_run_config())
+    model = make_ssl_model(cfg, train_set(cfg))
+    msg = sent(7, RecordDict({"arrays": to_record(model), "config": ConfigRecord({"server-round": 1})}))
+    return METHODS[method].client(cfg, ctx), model, msg, ctx
+
+
+@pytest.mark.parametrize("method,extra", [("fedsimclr", {}), ("fedbyol", {}), ("fedu", {}),
+                                          ("fedx", {"fedx-base": "simclr"}),
+                                          ("fedx", {"fedx-base": "byol"})])
+def test_ssl_clients_never_see_labels(method, extra):
+    client, _, msg, ctx = make_client(method, **extra)
+    assert (client.train_data.y == -1).all(), "labels must be removed before training code"
+    out = client.train(msg)  # cross-entropy on a -1 label would raise here
+    assert set(out.content.array_records) == {"arrays"}
+    assert np.isfinite(out.content["metrics"]["train-loss"])
+    if method in ("fedbyol", "fedu") or extra.get("fedx-base") == "byol":
+        assert TARGET in ctx.state.array_records  # the EMA target stays on the client
+
+
+def test_fedx_global_copy_is_frozen_and_local_model_learns():
+    client, model, msg, _ = make_client("fedx")
+    client.prepare(model, msg)
+    x = client.train_data.normalise(client.train_data.x[:8])
+    v = client.views(model, x, x.flip(3), x.roll(1, 0))
+    loss = client.loss(model, v, x, x.flip(3), x.roll(1, 0))
+    loss.backward()
+    assert all(p.grad is None and not p.requires_grad for p in client.global_model.parameters())
+    assert not client.global_model.training
+    assert model.predictor[0].weight.grad is not None  # the prediction head takes the global terms
+    assert model.backbone.conv1.weight.grad.abs().sum() > 0
+
+
+def test_fedx_ablations_change_the_loss():
+    losses = {}
+    for local, glob in [(True, True), (False, True), (True, False), (False, False)]:
+        client, model, msg, _ = make_client("fedx", **{"fedx-local-kd": local, "fedx-global-kd": glob})
+        client.prepare(model, msg)
+        torch.manual_seed(0)
+        x = client.train_data.normalise(client.train_data.x[:8])
+        v = client.views(model, x, x.flip(3), x.roll(1, 0))
+        losses[(local, glob)] = client.loss(model, v, x, x.flip(3), x.roll(1, 0)).item()
+    assert losses[(True, True)] > losses[(False, True)] > losses[(False, False)]
+    assert losses[(True, True)] > losses[(True, False)] > losses[(False, False)]
