@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.app import MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from benchmarks.common import write_result
@@ -44,7 +44,7 @@ def plain_fedavg(cfg: Config, clients: int) -> tuple[float, list[float]]:
     accs = [evaluate(load_record(model, glob), test, device)[1]]
     for rnd in range(1, cfg.num_server_rounds + 1):
         replies = []
-        for i, (tr, te) in enumerate(data):
+        for i, (tr, _) in enumerate(data):
             local = load_record(build_model(cfg.model, c, train.num_classes, h), glob)
             train_epochs(local, tr, epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
                          momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=device,

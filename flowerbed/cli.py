@@ -16,9 +16,12 @@ log = logging.getLogger("flowerbed")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The preset file's keys (if any), then the -c/--run-config overrides on top."""
     from flwr.common.config import parse_config_args
 
-    return parse_config_args(list(args.run_config or []))
+    out = parse_config_args([args.preset]) if args.preset else {}
+    out.update(parse_config_args(list(args.run_config or [])))
+    return out
 
 
 def _federation_args(p: argparse.ArgumentParser) -> None:
@@ -28,6 +31,8 @@ def _federation_args(p: argparse.ArgumentParser) -> None:
                    help="Ray CPUs per client; clients in parallel = CPUs / this (default 1)")
     p.add_argument("--gpus-per-client", type=float, default=0.0,
                    help="GPU share per client, e.g. 0.25 = four clients per GPU (default 0)")
+    p.add_argument("--preset", default=None,
+                   help="a TOML file of run-config values, e.g. presets/fedx-cpu.toml")
     p.add_argument("--run-config", "-c", action="append", default=[],
                    help="run-config overrides, flwr syntax: \"method='fedprox' lr=0.05\"")
 
@@ -67,9 +72,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     overrides = _overrides(args)
     overrides.update({"partition": args.partition, "num-server-rounds": args.rounds,
                       "seed": args.seed})
+    from flowerbed.compare import parse_variant
+
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
-        preflight({**overrides, "method": m}, args.num_clients, args.gpus_per_client)
+        preflight({**overrides, **parse_variant(m)[1]}, args.num_clients, args.gpus_per_client)
     table = compare(methods, overrides, num_clients=args.num_clients,
                     cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
                     out=Path(args.out) if args.out else None)
@@ -122,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_run)
 
     c = sub.add_parser("compare", help="several methods on identical partitions and seeds")
-    c.add_argument("--methods", required=True, help="comma-separated, e.g. fedavg,fedprox,scaffold")
+    c.add_argument("--methods", required=True,
+                   help="comma-separated names or variants, e.g. fedavg,fedprox,scaffold or "
+                        "fedsimclr,fedx,fedbyol,fedx@fedx-base='byol'")
     c.add_argument("--partition", default="dirichlet:0.5")
     c.add_argument("--rounds", type=int, default=20)
     c.add_argument("--seed", type=int, default=0)

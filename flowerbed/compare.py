@@ -14,12 +14,29 @@ from flowerbed.results import plot_curves, read_metrics
 log = logging.getLogger("flowerbed")
 
 
+def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
+    """``method`` or ``method@key=value@key=value`` -> (label, run-config overrides).
+
+    E.g. ``fedx@fedx-base='byol'`` runs FedX over BYOL; the label names its run directory.
+    """
+    from flwr.common.config import parse_config_args
+
+    method, *pairs = spec.split("@")
+    extra = parse_config_args([" ".join(pairs)]) if pairs else {}
+    return spec, {"method": method.strip(), **extra}
+
+
+def run_label(spec: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in spec.replace("'", ""))
+
+
 def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
             cpus_per_client: float = 1.0, gpus_per_client: float = 0.0,
             out: Path | None = None) -> str:
     """Run each method with the same run config (partition, seed, rounds...) and tabulate.
 
-    Writes ``<out>/<method>/`` run directories, ``results.json``, ``table.md`` and
+    ``methods`` are names or variants (:func:`parse_variant`). Writes ``<out>/<label>/`` run
+    directories, ``results.json``, ``table.md`` and
     ``accuracy.png`` (every method's curve); returns the markdown table.
     """
     out = (out or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
@@ -28,15 +45,17 @@ def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
     results: dict[str, dict[str, Any]] = {}
     with engine.local_superlink() as (home, conn):
         for m in methods:
-            rc = {**overrides, "method": m, "output-dir": str(out), "run-name": m}
+            _, variant = parse_variant(m)
+            name = run_label(m)
+            rc = {**overrides, **variant, "output-dir": str(out), "run-name": name}
             log.info("compare: %s", m)
             try:
-                results[m] = engine.flwr_run(home, conn, rc, fed, log_file=out / f"{m}.log")
+                results[m] = engine.flwr_run(home, conn, rc, fed, log_file=out / f"{name}.log")
             except engine.RunFailed as e:  # keep the other methods' results
                 log.error("%s", e)
                 results[m] = {"error": str(e)}
             (out / "results.json").write_text(json.dumps(results, indent=2))
-    curves = {m: read_metrics(out / m) for m in methods if "error" not in results[m]}
+    curves = {m: read_metrics(out / run_label(m)) for m in methods if "error" not in results[m]}
     plot_curves(curves, out / "accuracy.png", title=_title(overrides, num_clients))
     table = markdown_table(results, overrides, num_clients)
     (out / "table.md").write_text(table + "\n")

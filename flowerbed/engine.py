@@ -132,7 +132,8 @@ def local_superlink(home: Path | None = None, port: int | None = None,
     home = Path(home or PROJECT / ".flwr-home").resolve()
     home.mkdir(parents=True, exist_ok=True)
     out = open(log_file or home / "superlink.log", "ab")  # noqa: SIM115 - closed below
-    proc = _start(home, port or free_port(), out)
+    port = port or free_port()
+    proc = _start(home, port, out)
     try:
         log.info("SuperLink (pid %d) on 127.0.0.1:%d, FLWR_HOME=%s", proc.pid, port, home)
         yield home, CONNECTION

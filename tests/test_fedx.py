@@ -9,7 +9,6 @@ from flwr.app import ConfigRecord, Context, RecordDict
 
 from flowerbed.clients.fedbyol import TARGET, ema_update
 from flowerbed.clients.fedsimclr import make_ssl_model
-from flowerbed.clients.fedx import FedXSimCLRClient
 from flowerbed.config import Config
 from flowerbed.datasets.federated import train_set
 from flowerbed.losses import byol_loss, nt_xent, relational_loss
