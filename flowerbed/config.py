@@ -21,6 +21,7 @@ DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "svhn")
 MODELS = ("cnn", "resnet8", "resnet18")
 PARTITION_KINDS = ("iid", "dirichlet", "pathological", "shards")
 FEDX_BASES = ("simclr", "byol")
+DISTILL_METHODS = ("fedcc", "feddf", "fedmd")
 
 
 class ConfigError(ValueError):
@@ -80,6 +81,7 @@ class Config:
     partition: Partition
     min_partition_size: int
     local_test_fraction: float
+    public_fraction: float
     train_samples: int
     test_samples: int
     model: str
@@ -110,6 +112,21 @@ class Config:
     fedx_global_kd: bool
     fedx_relational: str
     fedx_tau_target: float
+    distill_epochs: int
+    distill_lr: float
+    fedcc_ssl_epochs: int
+    fedcc_lambda: float
+    fedcc_delta: float
+    fedcc_majority: float
+    fedcc_probe_input: str
+    fedcc_unknown_in_entropy: bool
+    fedcc_distill_target: str
+    hetero_models: bool
+    num_models: int
+    fedfew_mu: float
+    fedfew_distinct_init: bool
+    fedrep_head_epochs: int
+    finetune_epochs: int
     output_dir: str
     run_name: str
 
@@ -149,7 +166,10 @@ class Config:
         if not 0 <= self.local_test_fraction < 1:
             raise ConfigError("local-test-fraction", self.local_test_fraction, "must be in [0, 1)")
         positive_ints = ("num-server-rounds", "local-epochs", "batch-size", "eval-every", "min-clients",
-                         "probe-every", "probe-epochs", "probe-batch-size", "ssl-dim")
+                         "probe-every", "probe-epochs", "probe-batch-size", "ssl-dim", "num-models")
+        for key in ("distill-epochs", "fedcc-ssl-epochs", "fedrep-head-epochs", "finetune-epochs"):
+            if getattr(self, key.replace("-", "_")) < 0:
+                raise ConfigError(key, getattr(self, key.replace("-", "_")), "must be an integer >= 0")
         for key in positive_ints:
             v = getattr(self, key.replace("-", "_"))
             if v < 1:
@@ -158,12 +178,25 @@ class Config:
             v = getattr(self, key.replace("-", "_"))
             if v < 0:
                 raise ConfigError(key, v, "must be an integer >= 0 (0 = no limit)")
+        if not 0 <= self.public_fraction < 1:
+            raise ConfigError("public-fraction", self.public_fraction, "must be in [0, 1)")
+        if self.method in DISTILL_METHODS and self.public_fraction == 0:
+            raise ConfigError("public-fraction", self.public_fraction,
+                              f"{self.method} needs a public set: set it > 0 (the FedCC paper: 0.1)")
+        if self.fedcc_probe_input not in ("mean", "black", "white"):
+            raise ConfigError("fedcc-probe-input", self.fedcc_probe_input, "use mean, black or white")
+        if self.fedcc_distill_target not in ("pad", "known"):
+            raise ConfigError("fedcc-distill-target", self.fedcc_distill_target, "use pad or known")
+        for key in ("fedcc-delta", "fedcc-majority"):
+            v = getattr(self, key.replace("-", "_"))
+            if not 0 <= v < 1:
+                raise ConfigError(key, v, "must be in [0, 1)")
         if self.fedx_base not in FEDX_BASES:
             raise ConfigError("fedx-base", self.fedx_base, f"known bases: {', '.join(FEDX_BASES)}")
         if self.fedx_relational not in ("official", "js"):
             raise ConfigError("fedx-relational", self.fedx_relational, "use official or js")
         for key in ("lr", "scaffold-server-lr", "round-timeout", "probe-lr", "ssl-tau",
-                    "fedx-tau-target", "fedu-mu"):
+                    "fedx-tau-target", "fedu-mu", "distill-lr", "fedfew-mu"):
             v = getattr(self, key.replace("-", "_"))
             if not (v > 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number > 0")
@@ -171,7 +204,7 @@ class Config:
             v = getattr(self, key.replace("-", "_"))
             if not 0 <= v < 1:
                 raise ConfigError(key, v, "must be in [0, 1)")
-        for key in ("weight-decay", "proximal-mu"):
+        for key in ("weight-decay", "proximal-mu", "fedcc-lambda"):
             v = getattr(self, key.replace("-", "_"))
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number >= 0")

@@ -9,19 +9,38 @@ from flwr.app import Context
 from torch import nn
 
 from flowerbed.clients.base import Client, make_model
-from flowerbed.clients.fedavg import FedAvgClient, FedProxClient
+from flowerbed.clients.fedavg import FedAvgClient, FedAvgFTClient, FedProxClient
 from flowerbed.clients.fedbyol import BYOLClient
+from flowerbed.clients.fedcc import FedCCClient
+from flowerbed.clients.feddf import FedDFClient
+from flowerbed.clients.fedfew import FedFewClient
+from flowerbed.clients.fedmd import FedMDClient
+from flowerbed.clients.fedrep import FedRepClient
 from flowerbed.clients.fedsimclr import SimCLRClient, make_ssl_model
 from flowerbed.clients.fedu import FedUClient
 from flowerbed.clients.fedx import fedx_client
+from flowerbed.clients.ifca import IFCAClient
+from flowerbed.clients.local import LocalClient
 from flowerbed.clients.scaffold import ScaffoldClient
 from flowerbed.config import Config
 from flowerbed.datasets.loading import DataSet
 from flowerbed.strategies.base import FlowerbedFedAvg
 from flowerbed.strategies.fedavg import FedAvgStrategy, FedProxStrategy
+from flowerbed.strategies.fedcc import FedCCStrategy
+from flowerbed.strategies.feddf import FedDFStrategy
+from flowerbed.strategies.fedfew import FedFewStrategy
+from flowerbed.strategies.fedmd import FedMDStrategy
+from flowerbed.strategies.fedrep import FedRepStrategy
 from flowerbed.strategies.fedx import FedXStrategy
+from flowerbed.strategies.ifca import IFCAStrategy
+from flowerbed.strategies.local import LocalStrategy
 from flowerbed.strategies.scaffold import ScaffoldStrategy
 from flowerbed.strategies.ssl import SSLStrategy
+
+
+def no_server_model(cfg: Config, data: DataSet) -> None:
+    """Distillation methods hold no global model on the server (only soft targets)."""
+    return None
 
 
 @dataclass(frozen=True)
@@ -29,7 +48,7 @@ class Method:
     name: str
     strategy: Callable[[Config], FlowerbedFedAvg]
     client: Callable[[Config, Context], Client]
-    model: Callable[[Config, DataSet], nn.Module]
+    model: Callable[[Config, DataSet], nn.Module | None]
     summary: str
 
 
@@ -48,5 +67,20 @@ METHODS: dict[str, Method] = {
                "FedU (Zhuang et al., 2021): FedBYOL + divergence-aware predictor update"),
         Method("fedx", FedXStrategy, fedx_client, make_ssl_model,
                "FedX (Han et al., 2022) on the base chosen by fedx-base; linear probe"),
+        Method("fedcc", FedCCStrategy, FedCCClient, no_server_model,
+               "FedCC (Ye et al.): unknown class + calibrated pseudo-labels; ensemble inference"),
+        Method("feddf", FedDFStrategy, FedDFClient, no_server_model,
+               "FedDF-style: averaged soft targets on the public set + distillation"),
+        Method("fedmd", FedMDStrategy, FedMDClient, no_server_model,
+               "FedMD (Li & Wang, 2019): consensus class scores, digest + revisit"),
+        Method("fedfew", FedFewStrategy, FedFewClient, make_model,
+               "FedFew (Guo et al., 2026): K server models, smooth Tchebycheff weights"),
+        Method("ifca", IFCAStrategy, IFCAClient, make_model,
+               "IFCA (Ghosh et al., 2020): K cluster models, hard assignment"),
+        Method("fedrep", FedRepStrategy, FedRepClient, make_model,
+               "FedRep (Collins et al., 2021): shared body, personal head"),
+        Method("local", LocalStrategy, LocalClient, make_model, "Local-only training"),
+        Method("fedavg-ft", FedAvgStrategy, FedAvgFTClient, make_model,
+               "FedAvg, evaluated after local fine-tuning"),
     )
 }

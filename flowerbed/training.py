@@ -54,21 +54,25 @@ def batches(data: DataSet, batch_size: int, device: torch.device,
         yield data.normalise(data.x[idx].to(device)), data.y[idx].to(device)
 
 
-def make_optimizer(model: nn.Module, lr: float, momentum: float, weight_decay: float):
+def make_optimizer(model: nn.Module, lr: float, momentum: float, weight_decay: float,
+                   kind: str = "sgd") -> torch.optim.Optimizer:
+    """SGD with momentum (the default everywhere) or Adam (the distillation methods)."""
+    if kind == "adam":
+        return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 
 def train_epochs(model: nn.Module, data: DataSet, *, epochs: int, batch_size: int, lr: float,
                  momentum: float, weight_decay: float, device: torch.device,
                  generator: torch.Generator, loss_hook: LossHook | None = None,
-                 grad_hook: GradHook | None = None) -> tuple[float, int]:
+                 grad_hook: GradHook | None = None, optimizer: str = "sgd") -> tuple[float, int]:
     """Supervised cross-entropy training; returns (mean loss, number of optimiser steps).
 
     ``loss_hook(model)`` adds a term to each batch's loss (FedProx's proximal term);
     ``grad_hook(model)`` edits gradients before each step (SCAFFOLD's correction).
     """
     model.to(device).train()
-    opt = make_optimizer(model, lr, momentum, weight_decay)
+    opt = make_optimizer(model, lr, momentum, weight_decay, optimizer)
     total, count, steps = 0.0, 0, 0
     for _ in range(epochs):
         for xb, yb in batches(data, batch_size, device, generator):
@@ -201,3 +205,40 @@ def linear_probe(train_f: torch.Tensor, train_y: torch.Tensor, test_f: torch.Ten
     with torch.no_grad():
         out = clf(xte)
         return float(F.cross_entropy(out, test_y)), float((out.argmax(1) == test_y).float().mean())
+
+
+def fit_targets(model: nn.Module, data: DataSet, targets: torch.Tensor,
+                loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *, epochs: int,
+                batch_size: int, lr: float, device: torch.device, generator: torch.Generator
+                ) -> float:
+    """Fit ``model(x)`` to per-sample ``targets`` (row i belongs to ``data`` sample i) with Adam.
+
+    The distillation stage of FedCC/FedDF/FedMD; ``loss_fn(outputs, target_batch)``. Returns the
+    mean loss of the last epoch.
+    """
+    model.to(device).train()
+    opt = make_optimizer(model, lr, 0.0, 0.0, "adam")
+    last = float("nan")
+    for _ in range(epochs):
+        order = torch.randperm(len(data), generator=generator)
+        total = 0.0
+        for start in range(0, len(data), batch_size):
+            idx = order[start:start + batch_size]
+            xb = data.normalise(data.x[idx].to(device))
+            loss = loss_fn(model(xb), targets[idx].to(device))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += float(loss.detach()) * len(idx)
+        last = total / max(len(data), 1)
+    return last
+
+
+@torch.no_grad()
+def predict(model: nn.Module, data: DataSet, device: torch.device, batch_size: int = 1000,
+            probabilities: bool = True) -> torch.Tensor:
+    """Softmax outputs (or logits) of ``model`` on ``data``, in order, on the CPU."""
+    model.to(device).eval()
+    outs = [model(xb).float() for xb, _ in batches(data, batch_size, device)]
+    out = torch.cat(outs).cpu()
+    return torch.softmax(out, 1) if probabilities else out

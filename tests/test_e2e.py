@@ -47,6 +47,34 @@ def test_other_methods_end_to_end(superlink, tmp_path, method):
     assert rows[-1]["clients-ok"] == 3 and s["final-accuracy"] > rows[0]["accuracy"]
 
 
+def test_fedx_over_byol_end_to_end_with_probe(superlink, tmp_path):
+    """Self-supervised path: BYOL target in context.state across rounds, probe on the server."""
+    s = run(superlink, tmp_path, "fedx", method="fedx", **{"fedx-base": "byol", "probe-every": 1,
+                                                           "probe-epochs": 3, "batch-size": 64,
+                                                           "local-test-fraction": 0.0})
+    rows = read_metrics(tmp_path / "fedx")
+    assert [r["accuracy"] is not None for r in rows] == [True, True, True]
+    assert rows[-1]["clients-ok"] == 3 and rows[-1]["client-accuracy"] is None
+    assert s["initial-accuracy"] == rows[0]["accuracy"]  # the random-init probe (the floor)
+
+
+def test_plain_flwr_run_against_flowerbed_superlink(tmp_path):
+    """The README's `flowerbed superlink up` + `flwr run .` path, with a TOML preset file."""
+    home = tmp_path / "home"
+    preset = tmp_path / "p.toml"
+    preset.write_text("\n".join(f"{k} = {engine.toml_value(v)}" for k, v in {
+        **SMALL, "num-server-rounds": 1, "output-dir": str(tmp_path), "run-name": "plain"}.items()))
+    engine.superlink_up(home=home, port=engine.free_port())
+    try:
+        subprocess.run([engine._bin("flwr"), "run", str(engine.PROJECT), "--stream", "--run-config",
+                        str(preset), "--federation-config", "num-supernodes=2 client-resources-num-cpus=1"],
+                       env=engine.flwr_env(home), check=True, timeout=300, capture_output=True)
+    finally:
+        pid = engine.superlink_down(home=home)
+    assert (tmp_path / "plain" / "summary.json").is_file()
+    assert pid is not None and not engine._alive(pid)
+
+
 def test_server_refuses_impossible_split_before_round_1(superlink, tmp_path):
     with pytest.raises(engine.RunFailed):
         run(superlink, tmp_path, "bad", partition="pathological:11")

@@ -6,6 +6,7 @@ import logging
 import time
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
@@ -14,7 +15,7 @@ from flowerbed.config import Config, ConfigError
 from flowerbed.datasets.federated import client_partitions, test_set, train_set
 from flowerbed.registry import METHODS
 from flowerbed.results import RunDir
-from flowerbed.training import load_record, pick_device, to_record
+from flowerbed.training import pick_device
 
 log = logging.getLogger("flowerbed")
 app = ServerApp()
@@ -58,7 +59,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     if num_partitions < cfg.min_clients:
         raise ConfigError("min-clients", cfg.min_clients,
                           f"larger than the number of clients ({num_partitions})")
-    model = method.model(cfg, train)
+    strategy.model = method.model(cfg, train)
     device = pick_device()
     run_dir = RunDir(cfg.output_dir, cfg.run_name or default_run_name(cfg),
                      {**cfg.to_run_config(), "num-partitions": num_partitions,
@@ -71,21 +72,27 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
 
     def end_of_round(rnd: int, arrays: ArrayRecord) -> MetricRecord | None:
         row: dict[str, Any] = {"round": rnd, "rounds": cfg.num_server_rounds}
-        if rnd == 0 or strategy.evaluates(rnd):
-            loss, acc = strategy.evaluate_global(load_record(model, arrays), train, test, device)
+        res = (strategy.evaluate_global(rnd, arrays, train, test, device)
+               if rnd == 0 or strategy.evaluates(rnd) else None)
+        if res is not None:
+            loss, acc = res
             row.update(accuracy=acc, loss=loss)
             if best["accuracy"] is None or acc > best["accuracy"]:
                 best.update(accuracy=acc, round=rnd)
         if rnd > 0:
             rl = strategy.take_round_log()
+            row.update({"train-loss": None, "client-accuracy": None, "client-loss": None})
+            # every aggregated client metric: training ones by name, evaluation ones as client-*
+            row.update({k: v for k, v in rl.train_metrics.items() if k != "num-examples"})
+            row.update({f"client-{k}": v for k, v in rl.eval_metrics.items() if k != "num-examples"})
             row.update({
-                "train-loss": rl.train_metrics.get("train-loss"),
-                "client-accuracy": rl.eval_metrics.get("accuracy"),
-                "client-loss": rl.eval_metrics.get("loss"),
                 "clients-sampled": len(rl.sampled), "clients-ok": len(rl.ok),
                 "clients-failed": len(rl.failed), "failures": rl.failed,
                 "skipped": rl.skipped, "bytes-up": rl.bytes_up, "bytes-down": rl.bytes_down,
+                "bytes-up-eval": rl.bytes_up_eval, "bytes-down-eval": rl.bytes_down_eval,
                 "per-client": {str(k): v for k, v in sorted(rl.clients.items())},
+                **fairness([v["evaluate-accuracy"] for v in rl.clients.values()
+                            if "evaluate-accuracy" in v]),
             })
         now = time.time()
         row["seconds"] = round(now - last["t"], 3)
@@ -95,7 +102,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
                 and not isinstance(v, bool)}
         return MetricRecord({k: float(v) for k, v in keep.items()})
 
-    result = strategy.start(grid=grid, initial_arrays=to_record(model),
+    result = strategy.start(grid=grid, initial_arrays=strategy.initial_arrays(strategy.model),
                             num_rounds=cfg.num_server_rounds, timeout=cfg.round_timeout,
                             train_config=ConfigRecord(), evaluate_config=ConfigRecord(),
                             evaluate_fn=end_of_round)
@@ -114,11 +121,22 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         "server-device": str(device),
     }
     summary = run_dir.finish(summary)
-    if result.arrays is not None and len(result.arrays):
+    if strategy.model is not None and result.arrays is not None and len(result.arrays):
         torch.save(result.arrays.to_torch_state_dict(), run_dir.path / "model.pt")
     log.info("finished: final accuracy %s, summary in %s", summary["final-accuracy"],
              run_dir.path / "summary.json")
     return summary
+
+
+def fairness(accs: list[float]) -> dict[str, float]:
+    """Spread of the clients' accuracies: min, max, std and Jain's index (Σx)² / (n Σx²)."""
+    if not accs:
+        return {}
+    a = np.asarray(accs, dtype=float)
+    sq = float((a ** 2).sum())
+    return {"client-accuracy-min": float(a.min()), "client-accuracy-max": float(a.max()),
+            "client-accuracy-std": float(a.std()),
+            "jain-index": float(a.sum() ** 2 / (len(a) * sq)) if sq > 0 else 1.0}
 
 
 def _per_client_round(rows: list[dict[str, Any]], key: str) -> float | None:

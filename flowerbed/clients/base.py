@@ -77,12 +77,14 @@ class Client:
         metrics = {"num-examples": len(self.train_data), "train-loss": loss, **extra}
         return self.reply(msg, metrics, arrays=to_record(model), **self.extra_arrays(model, msg))
 
-    def fit(self, model: nn.Module, msg: Message, rnd: int, **hooks: Any) -> tuple[float, dict]:
-        """The local update: ``local-epochs`` of SGD on the client's training split."""
+    def fit(self, model: nn.Module, msg: Message, rnd: int, epochs: int | None = None,
+            **hooks: Any) -> tuple[float, dict]:
+        """The local update: ``local-epochs`` (or ``epochs``) of SGD on the training split."""
         cfg = self.cfg
         loss, steps = train_epochs(
-            model, self.train_data, epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-            momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=self.device,
+            model, self.train_data, epochs=cfg.local_epochs if epochs is None else epochs,
+            batch_size=cfg.batch_size, lr=cfg.lr, momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay, device=self.device,
             generator=seeded_generator(cfg.seed, self.partition_id, rnd), **hooks)
         self.steps = steps
         return loss, {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from flowerbed.config import Config
@@ -16,11 +18,35 @@ def _limit(ds: DataSet, n: int, seed: int, salt: int) -> DataSet:
     return ds.subset(idx)
 
 
-def train_set(cfg: Config) -> DataSet:
-    """The training set the run partitions (a seeded subset when ``train-samples`` > 0)."""
+def _full_train(cfg: Config) -> DataSet:
     return _limit(load_dataset(cfg.dataset, True, cfg.data_root), cfg.train_samples, cfg.seed, 1)
 
 
+def public_indices(cfg: Config) -> np.ndarray:
+    """Indices (into the training set) of the public set: a seeded ``public-fraction``, sorted."""
+    n = len(_full_train(cfg))
+    k = int(round(n * cfg.public_fraction))
+    return np.sort(np.random.default_rng([cfg.seed, 3]).permutation(n)[:k])
+
+
+@functools.lru_cache(maxsize=4)
+def train_set(cfg: Config) -> DataSet:
+    """The training set the run partitions: a seeded subset when ``train-samples`` > 0, minus
+    the public set when ``public-fraction`` > 0."""
+    full = _full_train(cfg)
+    if cfg.public_fraction <= 0:
+        return full
+    keep = np.setdiff1d(np.arange(len(full)), public_indices(cfg))
+    return full.subset(keep)
+
+
+@functools.lru_cache(maxsize=4)
+def public_set(cfg: Config) -> DataSet:
+    """The public set, labels removed; identical (same samples, same order) in every process."""
+    return _full_train(cfg).subset(public_indices(cfg)).without_labels()
+
+
+@functools.lru_cache(maxsize=4)
 def test_set(cfg: Config) -> DataSet:
     """The test set for server-side evaluation (a seeded subset when ``test-samples`` > 0)."""
     return _limit(load_dataset(cfg.dataset, False, cfg.data_root), cfg.test_samples, cfg.seed, 2)
@@ -37,7 +63,8 @@ _CLIENT_CACHE: dict[tuple, tuple[DataSet, DataSet]] = {}
 
 def client_data(cfg: Config, partition_id: int, num_partitions: int) -> tuple[DataSet, DataSet]:
     """(local train, local test) of one client; cached per process."""
-    key = (cfg.dataset, cfg.data_root, cfg.train_samples, str(cfg.partition), cfg.seed,
+    key = (cfg.dataset, cfg.data_root, cfg.train_samples, cfg.public_fraction, str(cfg.partition),
+           cfg.seed,
            cfg.min_partition_size, cfg.local_test_fraction, partition_id, num_partitions)
     if key not in _CLIENT_CACHE:
         full = train_set(cfg)

@@ -3,13 +3,26 @@
 from flowerbed.models.cnn import CNN
 from flowerbed.models.resnet import ResNet, resnet8, resnet18
 
-__all__ = ["CNN", "ResNet", "resnet8", "resnet18", "build_model"]
+__all__ = ["CNN", "ResNet", "resnet8", "resnet18", "build_model", "is_head"]
+
+#: state_dict key prefixes of the classifier layer ("head") of each network; the rest is the body.
+HEAD_PREFIXES = ("fc2.", "linear.")
 
 
-def build_model(name: str, in_channels: int, num_classes: int, image_size: int = 28):
-    """Build the network called ``name`` (``cnn``, ``resnet8``, ``resnet18``)."""
+def is_head(key: str) -> bool:
+    """Whether a state_dict key belongs to the classifier head (FedRep keeps it personal)."""
+    return key.startswith(HEAD_PREFIXES)
+
+
+def build_model(name: str, in_channels: int, num_classes: int, image_size: int = 28,
+                width: float = 1.0):
+    """Build the network called ``name`` (``cnn``, ``resnet8``, ``resnet18``).
+
+    ``width`` scales the CNN's channels and hidden units (heterogeneous clients use 0.5).
+    """
     if name == "cnn":
-        return CNN(in_channels=in_channels, num_classes=num_classes, image_size=image_size)
+        return CNN(in_channels=in_channels, num_classes=num_classes, image_size=image_size,
+                   width=width)
     if name == "resnet8":
         return resnet8(in_channels=in_channels, num_classes=num_classes)
     if name == "resnet18":

@@ -15,9 +15,9 @@ class CNN(nn.Module):
     """
 
     def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28,
-                 width: int = 1) -> None:
+                 width: float = 1.0) -> None:
         super().__init__()
-        c1, c2, hidden = 32 * width, 64 * width, 512
+        c1, c2, hidden = int(32 * width), int(64 * width), int(512 * width)
         self.conv1 = nn.Conv2d(in_channels, c1, 5, padding=2)
         self.conv2 = nn.Conv2d(c1, c2, 5, padding=2)
         self.pool = nn.MaxPool2d(2)

@@ -27,7 +27,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from flowerbed.config import Config, ConfigError
 from flowerbed.datasets.loading import DataSet
-from flowerbed.training import evaluate, is_finite
+from flowerbed.training import evaluate, is_finite, load_record, to_record
 
 log = logging.getLogger("flowerbed")
 
@@ -53,8 +53,10 @@ class RoundLog:
     sampled: list[int] = field(default_factory=list)
     ok: list[int] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)
-    bytes_down: int = 0
+    bytes_down: int = 0          # training messages
     bytes_up: int = 0
+    bytes_down_eval: int = 0     # evaluation messages
+    bytes_up_eval: int = 0
     train_metrics: dict[str, Any] = field(default_factory=dict)
     eval_metrics: dict[str, Any] = field(default_factory=dict)
     clients: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -82,6 +84,7 @@ class FlowerbedFedAvg(FedAvg):
         self.partition_of: dict[int, int] = {}  # node id -> partition id
         self.num_partitions: int | None = None
         self.round = RoundLog()
+        self.model: torch.nn.Module | None = None  # the global model's network, set by the ServerApp
         self._sent: list[Message] = []
         self._reference: ArrayRecord | None = None
 
@@ -147,7 +150,11 @@ class FlowerbedFedAvg(FedAvg):
                   ) -> list[Message]:
         msgs = [Message(content=content, message_type=message_type, dst_node_id=n) for n in node_ids]
         self._sent = msgs
-        self.round.bytes_down += record_bytes(content) * len(msgs)
+        size = record_bytes(content) * len(msgs)
+        if message_type.startswith(MessageType.TRAIN):
+            self.round.bytes_down += size
+        else:
+            self.round.bytes_down_eval += size
         return msgs
 
     # ------------------------------------------------------------------ training
@@ -178,10 +185,14 @@ class FlowerbedFedAvg(FedAvg):
         return (server_round % self.cfg.eval_every == 0
                 or server_round == self.cfg.num_server_rounds)
 
-    def evaluate_global(self, model: torch.nn.Module, train: DataSet, test: DataSet,
-                        device: torch.device) -> tuple[float, float]:
-        """Server-side (loss, accuracy) of the global model: the test set, supervised."""
-        return evaluate(model, test, device)
+    def initial_arrays(self, model: torch.nn.Module | None) -> ArrayRecord:
+        """What round 1 starts from: the initial global model."""
+        return to_record(model)
+
+    def evaluate_global(self, server_round: int, arrays: ArrayRecord, train: DataSet,
+                        test: DataSet, device: torch.device) -> tuple[float, float] | None:
+        """Server-side (loss, accuracy) after ``server_round``: the global model on the test set."""
+        return evaluate(load_record(self.model, arrays), test, device)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
@@ -212,7 +223,10 @@ class FlowerbedFedAvg(FedAvg):
             node = dst_of.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
             pid = self.partition_of.get(node, -1)
             if not reply.has_error():
-                self.round.bytes_up += record_bytes(reply.content)
+                if is_train:
+                    self.round.bytes_up += record_bytes(reply.content)
+                else:
+                    self.round.bytes_up_eval += record_bytes(reply.content)
             problem = self.check_reply(reply, is_train)
             if problem:
                 self._fail(pid, node, phase, problem)

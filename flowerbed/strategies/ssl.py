@@ -16,7 +16,7 @@ from flwr.serverapp import Grid
 
 from flowerbed.datasets.loading import DataSet
 from flowerbed.strategies.base import FlowerbedFedAvg
-from flowerbed.training import extract_features, linear_probe
+from flowerbed.training import extract_features, linear_probe, load_record
 
 
 class SSLStrategy(FlowerbedFedAvg):
@@ -28,9 +28,9 @@ class SSLStrategy(FlowerbedFedAvg):
                            grid: Grid) -> Iterable[Message]:
         return []  # clients hold no labels; the server's probe is the evaluation
 
-    def evaluate_global(self, model: torch.nn.Module, train: DataSet, test: DataSet,
-                        device: torch.device) -> tuple[float, float]:
-        model.to(device).eval()
+    def evaluate_global(self, server_round: int, arrays: ArrayRecord, train: DataSet,
+                        test: DataSet, device: torch.device) -> tuple[float, float]:
+        model = load_record(self.model, arrays).to(device).eval()
         cfg = self.cfg
         tr = extract_features(model.features, train, device)
         te = extract_features(model.features, test, device)

@@ -1,0 +1,87 @@
+"""Client half shared by the distillation methods: a persistent local model, the public set.
+
+The model never leaves the client: it lives in ``context.state["distill.model"]`` between
+rounds (in simulation and deployment alike); only predictions on the public set are uploaded.
+With ``hetero-models``, odd partitions use a half-width CNN, even ones the full CNN.
+"""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
+from torch import nn
+
+from flowerbed.clients.base import Client
+from flowerbed.config import Config
+from flowerbed.datasets.federated import public_set, test_set
+from flowerbed.models import build_model
+from flowerbed.strategies.distill import PREDICTIONS, SOFT_TARGETS, TEST_PREDICTIONS
+from flowerbed.training import evaluate, load_record, predict, seeded_generator, to_record, train_epochs
+
+STATE = "distill.model"
+
+
+class DistillClient(Client):
+    extra_outputs = 0      # FedCC: 1 ("unknown")
+    probabilities = True   # FedMD uploads logits
+
+    def __init__(self, cfg: Config, context: Context) -> None:
+        super().__init__(cfg, context)
+        self.public = public_set(cfg)
+        self.width = 0.5 if cfg.hetero_models and self.partition_id % 2 else 1.0
+
+    def new_model(self) -> nn.Module:
+        c, h, _ = self.train_data.shape
+        return build_model(self.cfg.model, c, self.train_data.num_classes + self.extra_outputs, h,
+                           width=self.width)
+
+    def local_model(self) -> nn.Module:
+        """The client's own model from its state (a fresh, seeded one in its first round)."""
+        saved = self.context.state.array_records.get(STATE)
+        if saved is not None:
+            return load_record(self.new_model(), saved).to(self.device)
+        with torch.random.fork_rng():
+            torch.manual_seed(self.cfg.seed * 1000 + self.partition_id)
+            return self.new_model().to(self.device)
+
+    def fit_private(self, model: nn.Module, gen: torch.Generator, epochs: int, **hooks) -> float:
+        """Supervised fit on the private labelled data with Adam (``distill-lr``)."""
+        cfg = self.cfg
+        loss, _ = train_epochs(model, self.train_data, epochs=epochs, batch_size=cfg.batch_size,
+                               lr=cfg.distill_lr, momentum=0.0, weight_decay=cfg.weight_decay,
+                               device=self.device, generator=gen, optimizer="adam", **hooks)
+        return loss
+
+    def local_update(self, model: nn.Module, targets: torch.Tensor | None, gen: torch.Generator
+                     ) -> dict[str, float]:
+        raise NotImplementedError
+
+    def train(self, msg: Message) -> Message:
+        rnd = self.round_of(msg)
+        gen = seeded_generator(self.cfg.seed, self.partition_id, rnd)
+        model = self.local_model()
+        rec = msg.content.array_records.get(SOFT_TARGETS)
+        targets = torch.as_tensor(rec[SOFT_TARGETS].numpy()) if rec is not None else None
+        metrics = self.local_update(model, targets, gen)
+        self.context.state[STATE] = to_record(model)
+        preds = predict(model, self.public, self.device, probabilities=self.probabilities)
+        return self.reply(msg, {"num-examples": len(self.train_data), **metrics},
+                          **{PREDICTIONS: ArrayRecord({"p": Array(preds.numpy())})})
+
+    def local_accuracy(self, model: nn.Module) -> dict[str, float]:
+        """The local model on its local test split (not the ensemble)."""
+        loss, acc = evaluate(model, self.test_data, self.device)
+        return {"loss": loss, "accuracy": acc}
+
+    def evaluate(self, msg: Message) -> Message:
+        model = self.local_model()
+        test = test_set(self.cfg)
+        preds = predict(model, test, self.device, probabilities=self.probabilities)
+        metrics = {"num-examples": max(len(self.test_data), 1), **self.local_accuracy(model)}
+        metrics["global-test-accuracy"] = self.global_accuracy(preds, test.y)
+        content = RecordDict({TEST_PREDICTIONS: ArrayRecord({"p": Array(preds.numpy())})})
+        return self.reply(msg, metrics, **content)
+
+    def global_accuracy(self, preds: torch.Tensor, y: torch.Tensor) -> float:
+        """This client's own model on the global test set."""
+        return float((preds[:, : self.train_data.num_classes].argmax(1) == y).float().mean())

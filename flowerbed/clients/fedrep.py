@@ -1,0 +1,51 @@
+"""FedRep client: train the personal head (body frozen), then the body (head frozen).
+
+The head lives in ``context.state["fedrep.head"]``; only the body is uploaded.
+"""
+
+from __future__ import annotations
+
+from flwr.app import ArrayRecord, Message
+from torch import nn
+
+from flowerbed.clients.base import Client
+from flowerbed.models import is_head
+from flowerbed.training import to_record
+
+HEAD = "fedrep.head"
+
+
+def set_trainable(model: nn.Module, head: bool) -> None:
+    for name, p in model.named_parameters():
+        p.requires_grad_(is_head(name) == head)
+
+
+class FedRepClient(Client):
+    def personal_model(self, msg: Message) -> nn.Module:
+        model = self.model_from(msg.content["arrays"])
+        head = self.context.state.array_records.get(HEAD)
+        if head is not None:
+            model.load_state_dict(head.to_torch_state_dict(), strict=False)
+        return model
+
+    def train(self, msg: Message) -> Message:
+        model, rnd = self.personal_model(msg), self.round_of(msg)
+        set_trainable(model, head=True)
+        cfg = self.cfg
+        if cfg.fedrep_head_epochs:
+            self.fit(model, msg, rnd * 2, epochs=cfg.fedrep_head_epochs)
+        set_trainable(model, head=False)
+        loss, _ = self.fit(model, msg, rnd * 2 + 1)
+        set_trainable(model, head=True)
+        record = to_record(model)
+        self.context.state[HEAD] = ArrayRecord({k: v for k, v in record.items() if is_head(k)})
+        body = ArrayRecord({k: v for k, v in record.items() if not is_head(k)})
+        return self.reply(msg, {"num-examples": len(self.train_data), "train-loss": loss},
+                          arrays=body)
+
+    def evaluate(self, msg: Message) -> Message:
+        from flowerbed.training import evaluate
+
+        loss, acc = evaluate(self.personal_model(msg), self.test_data, self.device)
+        return self.reply(msg, {"num-examples": max(len(self.test_data), 1), "loss": loss,
+                                "accuracy": acc})

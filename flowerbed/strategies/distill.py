@@ -1,0 +1,137 @@
+"""Server half shared by the distillation methods (FedCC, FedDF, FedMD): no weights travel.
+
+Each round the server broadcasts soft targets on the public set (a named ArrayRecord,
+``soft_targets``, [|D_u|, C]; none in round 1), clients reply with their predictions on the
+public set only (``predictions``, [|D_u|, width]) and the server combines them into the next
+round's targets. Evaluation is the ensemble of the clients' models: clients return their
+predictions on the test set (``test_predictions``), the server combines them the same way and
+scores the argmax over the C classes. Subclasses set ``reply_width`` and :meth:`combine`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+from flowerbed.datasets.federated import public_indices
+from flowerbed.datasets.loading import DataSet
+from flowerbed.strategies.base import FlowerbedFedAvg
+
+SOFT_TARGETS = "soft_targets"
+PREDICTIONS = "predictions"
+TEST_PREDICTIONS = "test_predictions"
+
+
+class DistillStrategy(FlowerbedFedAvg):
+    reply_arrays = {PREDICTIONS: "predictions"}
+    extra_outputs = 0        # FedCC's clients have one more output, "unknown"
+    probabilities = True     # FedMD exchanges logits instead
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.n_public = len(public_indices(cfg))
+        self.num_classes: int | None = None
+        self._ensemble: dict[int, tuple[float, float]] = {}
+
+    # -------------------------------------------------------------- what the methods differ in
+    def combine(self, preds: np.ndarray) -> np.ndarray:
+        """[clients, N, width] -> [N, C] soft targets (FedDF: the mean of the probabilities)."""
+        return preds.mean(0)
+
+    def ensemble_probs(self, preds: np.ndarray) -> np.ndarray:
+        """[clients, N, width] -> [N, C] ensemble class scores for inference."""
+        return self.combine(preds)
+
+    # -------------------------------------------------------------- rounds
+    def initial_arrays(self, model: torch.nn.Module | None) -> ArrayRecord:
+        return ArrayRecord()  # no targets before the first round
+
+    def train_content(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord
+                      ) -> RecordDict:
+        content = RecordDict({self.configrecord_key: config})
+        if len(arrays):
+            content[SOFT_TARGETS] = arrays
+        return content
+
+    def check_arrays(self, content: RecordDict) -> str | None:
+        extra = set(content.array_records) - {PREDICTIONS}
+        if extra:
+            return f"unexpected ArrayRecords {sorted(extra)}: only the predictions may be uploaded"
+        if PREDICTIONS not in content.array_records:
+            return f"missing ArrayRecord '{PREDICTIONS}'"
+        return self._check_matrix(content[PREDICTIONS], self.n_public)
+
+    def _check_matrix(self, rec: ArrayRecord, rows: int) -> str | None:
+        if list(rec) != ["p"]:
+            return f"expected one array 'p', got {sorted(rec)}"
+        a = rec["p"].numpy()
+        width = (self.num_classes or a.shape[-1] - self.extra_outputs) + self.extra_outputs
+        if a.shape != (rows, width):
+            return f"predictions have shape {a.shape}, expected {(rows, width)}"
+        if not np.isfinite(a).all():
+            return "predictions hold NaN or inf values"
+        if self.probabilities and (a.min() < -1e-4 or abs(a.sum(1) - 1).max() > 1e-3):
+            return "predictions are not probability vectors"
+        return None
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        valid, _ = self._check_and_log_replies(replies, is_train=True)
+        if not valid:
+            return None, None
+        preds = np.stack([r.content[PREDICTIONS]["p"].numpy().astype(np.float32) for r in valid])
+        targets = self.combine(preds).astype(np.float32)
+        metrics = self.train_metrics_aggr_fn([RecordDict({"m": self._metrics(r)}) for r in valid],
+                                             self.weighted_by_key)
+        self.round.train_metrics = dict(metrics)
+        return ArrayRecord({SOFT_TARGETS: Array(targets)}), metrics
+
+    @staticmethod
+    def _metrics(reply: Message) -> MetricRecord:
+        return next(iter(reply.content.metric_records.values()))
+
+    # -------------------------------------------------------------- ensemble evaluation
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        if not self.evaluates(server_round):
+            return []
+        config["server-round"] = server_round
+        node_ids = self.sample(grid, server_round, self.fraction_evaluate, stream=1)
+        return self._messages(RecordDict({self.configrecord_key: config}), node_ids,
+                              MessageType.EVALUATE)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
+        valid, _ = self._check_and_log_replies(replies, is_train=False)
+        self._test_preds = []
+        for r in valid:
+            rec = r.content.array_records.get(TEST_PREDICTIONS)
+            problem = (f"missing ArrayRecord '{TEST_PREDICTIONS}'" if rec is None
+                       else self._check_matrix(rec, self._n_test))
+            if problem:
+                self._fail(self.partition_of.get(r.metadata.src_node_id, -1),
+                           r.metadata.src_node_id, "evaluate", problem)
+                continue
+            self._test_preds.append(rec["p"].numpy().astype(np.float32))
+        metrics = None
+        if valid:
+            metrics = self.evaluate_metrics_aggr_fn([RecordDict({"m": self._metrics(r)})
+                                                     for r in valid], self.weighted_by_key)
+        self.round.eval_metrics = dict(metrics or {})
+        return metrics
+
+    def evaluate_global(self, server_round: int, arrays: ArrayRecord, train: DataSet,
+                        test: DataSet, device: torch.device) -> tuple[float, float] | None:
+        """Ensemble accuracy of this round's client predictions on the test set."""
+        self.num_classes, self._n_test = test.num_classes, len(test)
+        preds = getattr(self, "_test_preds", [])
+        self._test_preds = []
+        if server_round == 0 or not preds:
+            return None
+        probs = self.ensemble_probs(np.stack(preds))[:, : test.num_classes]
+        y = test.y.numpy()
+        p_true = probs[np.arange(len(y)), y] / np.maximum(probs.sum(1), 1e-12)
+        loss = float(-np.log(np.maximum(p_true, 1e-12)).mean())
+        return loss, float((probs.argmax(1) == y).mean())

@@ -1,0 +1,38 @@
+"""FedCC, server half: per-sample weighting by "not unknown", then drop the unknown class.
+
+For every public sample x and client k with prediction ŷᵏ(x) ∈ Δ^{C+1} (last entry: unknown),
+
+    μᵏ(x) = (1 − ŷᵏ_u(x)) / Σ_j (1 − ŷʲ_u(x)),     ỹ(x) = Σ_k μᵏ(x) ŷᵏ(x)   (Eq. 11)
+
+then the unknown entry is zeroed and the C others renormalised: the next soft targets. The
+ensemble used for inference combines the clients' test-set predictions the same way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from flowerbed.strategies.distill import DistillStrategy
+
+EPS = 1e-8
+
+
+def aggregate_fedcc(preds: np.ndarray) -> np.ndarray:
+    """[clients, N, C+1] probabilities -> [N, C] soft targets (FedCC's Eq. 11, unknown dropped).
+
+    When every client says "unknown" for a sample, the weights fall back to equal (an ε in
+    each weight) and, if no class mass remains, the target is uniform.
+    """
+    known_mass = 1.0 - preds[..., -1]                                  # [K, N]
+    mu = (known_mass + EPS) / (known_mass + EPS).sum(0, keepdims=True)
+    agg = (mu[..., None] * preds).sum(0)[:, :-1]                       # [N, C]
+    total = agg.sum(1, keepdims=True)
+    c = agg.shape[1]
+    return np.where(total > EPS, agg / np.maximum(total, EPS), 1.0 / c)
+
+
+class FedCCStrategy(DistillStrategy):
+    extra_outputs = 1
+
+    def combine(self, preds: np.ndarray) -> np.ndarray:
+        return aggregate_fedcc(preds)

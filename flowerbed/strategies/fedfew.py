@@ -1,0 +1,75 @@
+"""FedFew (Guo et al., CVPR 2026), server half: K server models, smooth Tchebycheff weights.
+
+Every round all K models travel to each sampled client as named ArrayRecords ``model.0`` ...
+``model.K-1``; the client trains each for ``local-epochs`` and returns the K updated models and
+their K training losses. With L̃_ik = n̄_i L_ik (n̄_i = n_i / Σ_j n_j over the participants),
+
+    w_ik = softmax_k(−L̃_ik / μ),   α_i = S_i⁻¹ / Σ_j S_j⁻¹,  S_i = Σ_k exp(−L̃_ik / μ),
+    θ_k ← θ_k + Σ_i α_i w_ik (θ_ik − θ_k),
+
+all in log space (scipy's logsumexp). With K = 1 this is FedAvg's update up to the α weights
+(α_i ∝ exp(L̃_i / μ)); see the tests. Between rounds the K models are carried packed in one
+ArrayRecord (keys ``<k>.<param>``), which is what Flower's Strategy.start carries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from scipy.special import logsumexp
+
+from flowerbed.strategies.personal import KModelStrategy, pack
+
+
+def fedfew_weights(losses: np.ndarray, n: np.ndarray, mu: float) -> tuple[np.ndarray, np.ndarray]:
+    """(w [M, K], α [M]) from the clients' losses [M, K] and sample counts [M]."""
+    scaled = (n / n.sum())[:, None] * losses
+    logits = -scaled / mu
+    log_s = logsumexp(logits, axis=1)                   # [M]
+    w = np.exp(logits - log_s[:, None])
+    alpha = np.exp(-log_s - logsumexp(-log_s))
+    return w, alpha
+
+
+class FedFewStrategy(KModelStrategy):
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.reply_arrays = {f"model.{k}": "exact" for k in range(self.k)}
+
+    def initial_arrays(self, model: torch.nn.Module | None) -> ArrayRecord:
+        return pack(self.initial_models(model, distinct=self.cfg.fedfew_distinct_init))
+
+    def check_arrays(self, content: RecordDict) -> str | None:
+        mr = next(iter(content.metric_records.values()))
+        losses = mr.get("losses")
+        if not isinstance(losses, list) or len(losses) != self.k:
+            return f"metric 'losses' must be a list of {self.k} values, got {losses!r}"
+        return super().check_arrays(content)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        valid, _ = self._check_and_log_replies(replies, is_train=True)
+        if not valid:
+            return None, None
+        mrs = [next(iter(r.content.metric_records.values())) for r in valid]
+        losses = np.array([m["losses"] for m in mrs], dtype=np.float64)
+        n = np.array([m["num-examples"] for m in mrs], dtype=np.float64)
+        w, alpha = fedfew_weights(losses, n, self.cfg.fedfew_mu)
+        new = []
+        for k, ref in enumerate(self._models):
+            upd = {}
+            for name in ref:
+                base = ref[name].numpy()
+                delta = sum(alpha[i] * w[i, k] * (r.content[f"model.{k}"][name].numpy() - base)
+                            for i, r in enumerate(valid))
+                upd[name] = Array(np.asarray(base + delta).astype(base.dtype))
+            new.append(ArrayRecord(upd))
+        metrics = MetricRecord({
+            "train-loss": float((n * losses.min(1)).sum() / n.sum()),
+            "assignment-entropy": float(-(w * np.log(np.maximum(w, 1e-12))).sum(1).mean()),
+            **{f"model-{k}-weight": float((alpha * w[:, k]).sum()) for k in range(self.k)},
+        })
+        self.round.train_metrics = dict(metrics)
+        return pack(new), metrics

@@ -1,0 +1,46 @@
+"""IFCA (Ghosh et al., 2020), server half: K cluster models, hard assignment by the clients.
+
+Each client evaluates the K models on its training split, trains the one with the lowest loss
+and returns it with its cluster index; each cluster model becomes the sample-weighted mean of
+its members' models (a cluster nobody chose keeps its model). The K models start from distinct
+seeded initialisations, which IFCA needs to break symmetry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+
+from flowerbed.strategies.personal import KModelStrategy, pack
+
+
+class IFCAStrategy(KModelStrategy):
+    def initial_arrays(self, model: torch.nn.Module | None) -> ArrayRecord:
+        return pack(self.initial_models(model, distinct=True))
+
+    def check_arrays(self, content: RecordDict) -> str | None:
+        cluster = next(iter(content.metric_records.values())).get("cluster")
+        if not isinstance(cluster, int) or not 0 <= cluster < self.k:
+            return f"metric 'cluster' must be an integer in [0, {self.k}), got {cluster!r}"
+        return super().check_arrays(content)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        valid, _ = self._check_and_log_replies(replies, is_train=True)
+        if not valid:
+            return None, None
+        new, sizes = [], []
+        for k, old in enumerate(self._models):
+            members = [r.content for r in valid
+                       if next(iter(r.content.metric_records.values()))["cluster"] == k]
+            sizes.append(len(members))
+            new.append(aggregate_arrayrecords(members, self.weighted_by_key) if members else old)
+        metrics = self.train_metrics_aggr_fn([RecordDict({"m": next(iter(r.content.metric_records
+                                                                           .values()))})
+                                              for r in valid], self.weighted_by_key)
+        metrics = MetricRecord({**{k: v for k, v in metrics.items() if k != "cluster"},
+                                **{f"cluster-{k}-clients": n for k, n in enumerate(sizes)}})
+        self.round.train_metrics = dict(metrics)
+        return pack(new), metrics

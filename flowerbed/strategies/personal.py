@@ -1,0 +1,95 @@
+"""Shared server half of the personalised methods (FedFew, IFCA, FedRep, Local).
+
+Their score is personalised accuracy: each client evaluates the model it would be served on its
+local test split; the round's ``accuracy`` is the sample-weighted mean over clients (and the
+ServerApp adds min, max, std and Jain's index across clients for every method).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from flowerbed.datasets.loading import DataSet
+from flowerbed.strategies.base import FlowerbedFedAvg
+from flowerbed.training import to_record
+
+
+class PersonalStrategy(FlowerbedFedAvg):
+    def initial_models(self, model: torch.nn.Module, distinct: bool = False) -> list[ArrayRecord]:
+        """``num-models`` copies of the initial model, or distinct seeded initialisations."""
+        if not distinct:
+            return [to_record(model)] * self.cfg.num_models
+        out = []
+        for k in range(self.cfg.num_models):
+            with torch.random.fork_rng():
+                torch.manual_seed(self.cfg.seed * 100 + k)
+                for m in model.modules():
+                    if hasattr(m, "reset_parameters"):
+                        m.reset_parameters()
+                out.append(to_record(model))
+        return out
+
+    def eval_content(self, arrays: ArrayRecord) -> RecordDict:
+        """What an evaluation message carries besides the config (the server models)."""
+        return RecordDict({self.arrayrecord_key: arrays})
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        if not self.evaluates(server_round):
+            return []
+        config["server-round"] = server_round
+        content = self.eval_content(arrays)
+        content[self.configrecord_key] = config
+        node_ids = self.sample(grid, server_round, self.fraction_evaluate, stream=1)
+        return self._messages(content, node_ids, MessageType.EVALUATE)
+
+    def evaluate_global(self, server_round: int, arrays: ArrayRecord, train: DataSet,
+                        test: DataSet, device: torch.device) -> tuple[float, float] | None:
+        """Personalised (loss, accuracy): the clients' sample-weighted means this round."""
+        m = self.round.eval_metrics
+        if server_round == 0 or "accuracy" not in m:
+            return None
+        return float(m.get("loss", float("nan"))), float(m["accuracy"])
+
+
+def pack(models: list[ArrayRecord]) -> ArrayRecord:
+    """K models -> one ArrayRecord (keys ``<k>.<param>``), what Strategy.start carries."""
+    return ArrayRecord({f"{k}.{name}": arr for k, rec in enumerate(models) for name, arr in rec.items()})
+
+
+def unpack(packed: ArrayRecord, k: int) -> list[ArrayRecord]:
+    out: list[dict] = [{} for _ in range(k)]
+    for key, arr in packed.items():
+        idx, name = key.split(".", 1)
+        out[int(idx)][name] = arr
+    return [ArrayRecord(d) for d in out]
+
+
+class KModelStrategy(PersonalStrategy):
+    """K server models (FedFew, IFCA): sent as named records ``model.0`` ... ``model.K-1``."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.k = cfg.num_models
+
+    def models_content(self, arrays: ArrayRecord) -> RecordDict:
+        return RecordDict({f"model.{k}": rec for k, rec in enumerate(unpack(arrays, self.k))})
+
+    def train_content(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord
+                      ) -> RecordDict:
+        content = self.models_content(arrays)
+        content[self.configrecord_key] = config
+        return content
+
+    def eval_content(self, arrays: ArrayRecord) -> RecordDict:
+        return self.models_content(arrays)
+
+    def configure_train(self, server_round, arrays, config, grid):
+        self._models = unpack(arrays, self.k)
+        msgs = super().configure_train(server_round, arrays, config, grid)
+        self._reference = self._models[0]  # every returned model must match a server model
+        return msgs

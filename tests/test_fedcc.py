@@ -1,0 +1,144 @@
+"""FedCC (and the FedDF/FedMD baselines): the calibration by hand, the server aggregation, the
+public set, and that a client uploads nothing but its prediction matrix."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
+
+from flowerbed.clients.fedcc import calibrate, entropy
+from flowerbed.config import Config, ConfigError
+from flowerbed.datasets.federated import client_partitions, public_indices, public_set, train_set
+from flowerbed.datasets.partition import label_histogram
+from flowerbed.registry import METHODS
+from flowerbed.strategies.distill import PREDICTIONS
+from flowerbed.strategies.fedcc import FedCCStrategy, aggregate_fedcc
+from tests.conftest import reply, sent
+
+DELTA, MAJ = 1e-3, 0.02
+
+
+def logits_for(p):
+    """Logits whose softmax is ``p`` (plus an 'unknown' logit of -inf weight)."""
+    return torch.tensor([math.log(x) for x in p] + [-30.0])
+
+
+def test_calibration_by_hand_every_class_a_majority_class():
+    p = [0.7, 0.2, 0.1]
+    pub = torch.stack([torch.tensor([0.0, 0.0, 0.0, -30.0]), torch.tensor([10.0, 0.0, 0.0, -30.0])])
+    cal = calibrate(logits_for(p), pub, delta=DELTA, majority=MAJ)
+    p_s = [(1 - DELTA) * x + DELTA / 3 for x in p]
+    w_l = -sum(x * math.log(x) for x in p_s)
+    assert cal.w_l == pytest.approx(w_l, rel=1e-6)
+    assert cal.w_u == pytest.approx(0.0) and cal.majority.tolist() == [True, True, True]
+    # sample 0 is uniform: H = log 3 > w_l, so w_x = w_l and alpha = 0 -> all mass on "unknown"
+    assert cal.alpha[0].item() == pytest.approx(0.0, abs=1e-7)
+    assert cal.pseudo[0].tolist() == pytest.approx([0, 0, 0, 1], abs=1e-6)
+    # sample 1 is confident: alpha = (w_l - H)/(w_l + 0) = 1 - H/w_l
+    h = float(entropy(torch.softmax(torch.tensor([10.0, 0.0, 0.0]).double(), 0)))
+    assert cal.alpha[1].item() == pytest.approx(1 - h / w_l, rel=1e-5)
+    assert cal.m[1].item() == 0
+    assert cal.pseudo[1].sum().item() == pytest.approx(1.0)
+
+
+def test_calibration_one_hot_bias():
+    bias = torch.tensor([30.0, 0.0, 0.0, 0.0])  # p ~ e_0
+    pub = torch.tensor([[0.0, 5.0, 0.0, 0.0], [2.0, 2.0, 2.0, 0.0]])
+    cal = calibrate(bias, pub, delta=DELTA, majority=MAJ)
+    assert cal.majority.tolist() == [True, False, False]
+    assert cal.w_u == pytest.approx(math.log(3))
+    assert 0 < cal.w_l < 0.02  # the smoothing keeps w_l > 0
+    assert (cal.alpha <= cal.w_l / (cal.w_l + cal.w_u) + 1e-7).all()
+    assert cal.m.tolist() == [0, 0]  # argmax restricted to the majority class
+
+
+def test_pseudo_label_argmax_is_restricted_to_majority_classes():
+    cal = calibrate(logits_for([0.5, 0.49, 0.01]), torch.tensor([[0.0, 1.0, 5.0, 0.0]]),
+                    delta=DELTA, majority=MAJ)
+    assert cal.majority.tolist() == [True, True, False]
+    assert cal.w_u == pytest.approx(math.log(2))
+    assert cal.m.item() == 1
+
+
+def test_unknown_in_entropy_flag_changes_the_width():
+    bias = torch.tensor([1.0, 1.0, 1.0, 1.0])
+    pub = torch.zeros(1, 4)
+    a = calibrate(bias, pub, delta=0.0, majority=MAJ)
+    b = calibrate(bias, pub, delta=0.0, majority=MAJ, unknown_in_entropy=True)
+    assert a.w_l == pytest.approx(math.log(3)) and b.w_l == pytest.approx(math.log(4))
+
+
+def test_server_aggregation_by_hand():
+    preds = np.array([[[0.6, 0.2, 0.2]], [[0.0, 0.2, 0.8]]])  # 2 clients, 1 sample, C = 2
+    out = aggregate_fedcc(preds)
+    mu = np.array([0.8, 0.2])
+    agg = mu[0] * preds[0, 0, :2] + mu[1] * preds[1, 0, :2]
+    assert out[0] == pytest.approx(agg / agg.sum(), rel=1e-6)
+    # every client says "unknown": equal weights, no class mass left -> uniform
+    assert aggregate_fedcc(np.array([[[0.0, 0.0, 1.0]], [[0.0, 0.0, 1.0]]]))[0] == pytest.approx([0.5, 0.5])
+
+
+SMALL = {"train-samples": 1200, "test-samples": 200, "public-fraction": 0.1, "batch-size": 32,
+         "partition": "pathological:1"}
+
+
+def test_public_set_is_fixed_unlabelled_and_disjoint():
+    cfg = Config.from_run_config(SMALL)
+    idx = public_indices(cfg)
+    assert len(idx) == 120 and np.array_equal(idx, public_indices(cfg))
+    pub = public_set(cfg)
+    assert (pub.y == -1).all() and len(pub) == 120
+    assert len(train_set(cfg)) == 1080
+    with pytest.raises(ConfigError, match="'public-fraction'.*needs a public set"):
+        Config.from_run_config({"method": "fedcc"})
+
+
+def test_pathological_one_class_each_all_classes_equal_counts():
+    cfg = Config.from_run_config({**SMALL, "train-samples": 0})
+    parts = client_partitions(cfg, 10)
+    hist = label_histogram(train_set(cfg).y.numpy(), parts, 10)
+    assert ((hist > 0).sum(1) == 1).all() and ((hist > 0).sum(0) == 1).all()
+    cfg2 = cfg.replace(partition=cfg.partition.__class__("pathological", 2))
+    hist2 = label_histogram(train_set(cfg2).y.numpy(), client_partitions(cfg2, 10), 10)
+    for c in range(10):  # each class split equally between the two clients that hold it
+        held = hist2[:, c][hist2[:, c] > 0]
+        assert len(held) == 2 and abs(int(held[0]) - int(held[1])) <= 1
+
+
+@pytest.mark.parametrize("method", ["fedcc", "feddf", "fedmd"])
+def test_client_uploads_only_the_prediction_matrix(method):
+    cfg = Config.from_run_config({**SMALL, "method": method})
+    ctx = Context(run_id=1, node_id=3, node_config={"partition-id": 1, "num-partitions": 10},
+                  state=RecordDict(), run_config=cfg.to_run_config())
+    client = METHODS[method].client(cfg, ctx)
+    out = client.train(sent(3, RecordDict({"config": ConfigRecord({"server-round": 1})})))
+    width = 11 if method == "fedcc" else 10
+    assert set(out.content.array_records) == {PREDICTIONS}
+    assert list(out.content[PREDICTIONS]) == ["p"]
+    assert out.content[PREDICTIONS]["p"].numpy().shape == (120, width)
+    assert out.content[PREDICTIONS].count_bytes() <= 120 * width * 4 + 256  # + a header
+    assert "distill.model" in ctx.state.array_records  # the model stays on the client
+    # second round: distillation towards soft targets, from the kept model
+    soft = ArrayRecord({"soft_targets": Array(np.full((120, 10), 0.1, np.float32))})
+    out2 = client.train(sent(3, RecordDict({"config": ConfigRecord({"server-round": 2}),
+                                            "soft_targets": soft})))
+    assert out2.content[PREDICTIONS]["p"].numpy().shape == (120, width)
+
+
+def test_server_rejects_an_upload_with_weights(cfg):
+    cfg = Config.from_run_config({**SMALL, "method": "fedcc", "min-clients": 1})
+    s = FedCCStrategy(cfg)
+    s.num_classes = 10
+    s.node_of, s.partition_of, s._reference = {0: 5, 1: 6}, {5: 0, 6: 1}, ArrayRecord()
+    s._sent = [sent(5), sent(6)]
+    good = np.full((120, 11), 1 / 11, np.float32)
+    m = MetricRecord({"num-examples": 10})
+    ok = RecordDict({PREDICTIONS: ArrayRecord({"p": Array(good)}), "metrics": m})
+    leaky = RecordDict({PREDICTIONS: ArrayRecord({"p": Array(good)}), "metrics": m,
+                        "arrays": ArrayRecord({"w": Array(np.zeros(3, np.float32))})})
+    out, _ = s.aggregate_train(1, [reply(s._sent[0], ok), reply(s._sent[1], leaky)])
+    assert out["soft_targets"].numpy().shape == (120, 10)
+    assert [f["partition"] for f in s.round.failed] == [1]
+    assert "only the predictions may be uploaded" in s.round.failed[0]["reason"]

@@ -1,0 +1,159 @@
+"""FedFew's weights and update, IFCA's clustering, FedRep's split, and the personalised clients."""
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
+
+from flowerbed.config import Config
+from flowerbed.registry import METHODS
+from flowerbed.strategies.fedavg import FedAvgStrategy
+from flowerbed.strategies.fedfew import FedFewStrategy, fedfew_weights
+from flowerbed.strategies.ifca import IFCAStrategy
+from flowerbed.strategies.personal import pack, unpack
+from tests.conftest import reply, sent
+
+
+def direct(losses, n, mu):
+    scaled = (n / n.sum())[:, None] * losses
+    e = np.exp(-scaled / mu)
+    s = e.sum(1)
+    return e / s[:, None], (1 / s) / (1 / s).sum()
+
+
+@pytest.mark.parametrize("mu", [0.01, 0.5, 10.0])
+def test_weights_sum_to_one_and_match_direct_computation(mu):
+    rng = np.random.default_rng(0)
+    losses, n = rng.uniform(0.1, 2.0, (5, 3)), rng.integers(10, 100, 5).astype(float)
+    w, alpha = fedfew_weights(losses, n, mu)
+    assert np.allclose(w.sum(1), 1) and alpha.sum() == pytest.approx(1)
+    w2, a2 = direct(losses, n, mu)
+    assert np.allclose(w, w2) and np.allclose(alpha, a2)
+
+
+def test_weights_at_extreme_mu():
+    losses = np.array([[0.2, 1.0, 3.0], [2.0, 0.1, 0.5]])
+    n = np.array([50.0, 50.0])
+    w, alpha = fedfew_weights(losses, n, 1e-6)  # direct exp would underflow: log space copes
+    assert np.isfinite(w).all() and np.allclose(w.sum(1), 1) and alpha.sum() == pytest.approx(1)
+    assert w[0].argmax() == 0 and w[1].argmax() == 1 and w.max(1) == pytest.approx([1, 1])
+    assert alpha[0] == pytest.approx(1.0)  # client 0's best loss (0.1 scaled) is worse: all weight
+    w, alpha = fedfew_weights(losses, n, 1e6)  # very smooth: uniform
+    assert np.allclose(w, 1 / 3, atol=1e-5) and np.allclose(alpha, 0.5, atol=1e-5)
+
+
+SHAPES = {"w": (2, 2)}
+
+
+def rec(v):
+    return ArrayRecord({k: Array(np.full(s, v, np.float32)) for k, s in SHAPES.items()})
+
+
+def prepared(s, n_clients):
+    for i in range(n_clients):
+        s.node_of[i], s.partition_of[100 + i] = 100 + i, i
+    s.num_partitions = n_clients
+    s._sent = [sent(100 + i) for i in range(n_clients)]
+    return s._sent
+
+
+def test_k1_update_equals_fedavg_when_clients_tie():
+    cfg = Config.from_run_config({"method": "fedfew", "num-models": 1, "min-clients": 1})
+    few, avg = FedFewStrategy(cfg), FedAvgStrategy(cfg.replace(method="fedavg"))
+    msgs_f, msgs_a = prepared(few, 3), prepared(avg, 3)
+    few._models, few._reference = [rec(0.0)], rec(0.0)
+    avg._reference = rec(0.0)
+    vals = [1.0, 2.0, 6.0]
+    rf = [reply(m, RecordDict({"model.0": rec(v), "m": MetricRecord({"num-examples": 10,
+                                                                     "losses": [0.5]})}))
+          for m, v in zip(msgs_f, vals, strict=True)]
+    ra = [reply(m, RecordDict({"arrays": rec(v), "m": MetricRecord({"num-examples": 10})}))
+          for m, v in zip(msgs_a, vals, strict=True)]
+    out_f, _ = few.aggregate_train(1, rf)
+    out_a, _ = avg.aggregate_train(1, ra)
+    assert np.allclose(unpack(out_f, 1)[0]["w"].numpy(), out_a["w"].numpy())
+
+
+def test_fedfew_update_by_hand():
+    cfg = Config.from_run_config({"method": "fedfew", "num-models": 2, "min-clients": 1,
+                                  "fedfew-mu": 0.5})
+    s = FedFewStrategy(cfg)
+    msgs = prepared(s, 2)
+    s._models, s._reference = [rec(0.0), rec(1.0)], rec(0.0)
+    losses, n = np.array([[0.2, 1.0], [1.5, 0.3]]), np.array([30.0, 10.0])
+    reps = [reply(msgs[i], RecordDict({"model.0": rec(2.0 + i), "model.1": rec(5.0 + i),
+                                       "m": MetricRecord({"num-examples": int(n[i]),
+                                                          "losses": losses[i].tolist()})}))
+            for i in range(2)]
+    out, metrics = s.aggregate_train(1, reps)
+    w, alpha = direct(losses, n, 0.5)
+    m0 = 0.0 + sum(alpha[i] * w[i, 0] * ((2.0 + i) - 0.0) for i in range(2))
+    m1 = 1.0 + sum(alpha[i] * w[i, 1] * ((5.0 + i) - 1.0) for i in range(2))
+    got = unpack(out, 2)
+    assert got[0]["w"].numpy() == pytest.approx(np.full((2, 2), m0), rel=1e-5)
+    assert got[1]["w"].numpy() == pytest.approx(np.full((2, 2), m1), rel=1e-5)
+    assert metrics["model-0-weight"] + metrics["model-1-weight"] == pytest.approx(1.0)
+
+
+def test_ifca_averages_within_clusters():
+    cfg = Config.from_run_config({"method": "ifca", "num-models": 2, "min-clients": 1})
+    s = IFCAStrategy(cfg)
+    msgs = prepared(s, 3)
+    s._models, s._reference = [rec(0.0), rec(9.0)], rec(0.0)
+    reps = [reply(msgs[0], RecordDict({"arrays": rec(1.0), "m": MetricRecord({"num-examples": 10,
+                                                                              "cluster": 0})})),
+            reply(msgs[1], RecordDict({"arrays": rec(3.0), "m": MetricRecord({"num-examples": 30,
+                                                                              "cluster": 0})})),
+            reply(msgs[2], RecordDict({"arrays": rec(7.0), "m": MetricRecord({"num-examples": 5,
+                                                                              "cluster": 5})}))]
+    out, metrics = s.aggregate_train(1, reps)
+    got = unpack(out, 2)
+    assert np.allclose(got[0]["w"].numpy(), 2.5)  # (1*10 + 3*30) / 40
+    assert np.allclose(got[1]["w"].numpy(), 9.0)  # nobody chose it: unchanged
+    assert [f["partition"] for f in s.round.failed] == [2]  # cluster 5 does not exist
+
+
+def test_pack_round_trip():
+    models = [rec(1.0), rec(2.0), rec(3.0)]
+    back = unpack(pack(models), 3)
+    assert [float(m["w"].numpy()[0, 0]) for m in back] == [1.0, 2.0, 3.0]
+
+
+SMALL = {"train-samples": 1000, "test-samples": 100, "batch-size": 32, "local-test-fraction": 0.25,
+         "num-models": 2, "partition": "pathological:2"}
+
+
+def client(method):
+    cfg = Config.from_run_config({**SMALL, "method": method})
+    ctx = Context(run_id=1, node_id=4, node_config={"partition-id": 2, "num-partitions": 5},
+                  state=RecordDict(), run_config=cfg.to_run_config())
+    return METHODS[method].client(cfg, ctx), cfg, ctx
+
+
+def test_fedfew_client_returns_k_models_and_losses_and_picks_by_train_loss():
+    from flowerbed.clients.base import make_model
+    from flowerbed.datasets.federated import train_set
+    from flowerbed.training import to_record
+
+    c, cfg, _ = client("fedfew")
+    models = {f"model.{k}": to_record(make_model(cfg, train_set(cfg))) for k in range(2)}
+    out = c.train(sent(4, RecordDict({**models, "config": ConfigRecord({"server-round": 1})})))
+    assert set(out.content.array_records) == {"model.0", "model.1"}
+    assert len(out.content["metrics"]["losses"]) == 2
+    ev = c.evaluate(sent(4, RecordDict({**{k: out.content[k] for k in models},
+                                        "config": ConfigRecord({"server-round": 1})})))
+    assert ev.content["metrics"]["chosen-model"] in (0, 1)
+    assert 0 <= ev.content["metrics"]["accuracy"] <= 1
+
+
+def test_fedrep_keeps_the_head_and_uploads_the_body():
+    from flowerbed.clients.base import make_model
+    from flowerbed.datasets.federated import train_set
+    from flowerbed.training import to_record
+
+    c, cfg, ctx = client("fedrep")
+    full = to_record(make_model(cfg, train_set(cfg)))
+    out = c.train(sent(4, RecordDict({"arrays": full, "config": ConfigRecord({"server-round": 1})})))
+    assert not any(k.startswith("fc2.") for k in out.content["arrays"])
+    assert set(ctx.state["fedrep.head"]) == {"fc2.weight", "fc2.bias"}
+    head = ctx.state["fedrep.head"]["fc2.weight"].numpy()
+    assert not np.allclose(head, full["fc2.weight"].numpy())  # the head trained locally
