@@ -125,6 +125,7 @@ class Config:
     num_models: int
     fedfew_mu: float
     fedfew_distinct_init: bool
+    fedfew_eval: str
     fedrep_head_epochs: int
     finetune_epochs: int
     output_dir: str
@@ -191,6 +192,8 @@ class Config:
             v = getattr(self, key.replace("-", "_"))
             if not 0 <= v < 1:
                 raise ConfigError(key, v, "must be in [0, 1)")
+        if self.fedfew_eval not in ("server", "local"):
+            raise ConfigError("fedfew-eval", self.fedfew_eval, "use server or local")
         if self.fedx_base not in FEDX_BASES:
             raise ConfigError("fedx-base", self.fedx_base, f"known bases: {', '.join(FEDX_BASES)}")
         if self.fedx_relational not in ("official", "js"):

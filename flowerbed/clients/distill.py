@@ -16,7 +16,15 @@ from flowerbed.config import Config
 from flowerbed.datasets.federated import public_set, test_set
 from flowerbed.models import build_model
 from flowerbed.strategies.distill import PREDICTIONS, SOFT_TARGETS, TEST_PREDICTIONS
-from flowerbed.training import evaluate, load_record, predict, seeded_generator, to_record, train_epochs
+from flowerbed.training import (
+    evaluate,
+    fit_targets,
+    load_record,
+    predict,
+    seeded_generator,
+    to_record,
+    train_epochs,
+)
 
 STATE = "distill.model"
 
@@ -52,8 +60,24 @@ class DistillClient(Client):
                                device=self.device, generator=gen, optimizer="adam", **hooks)
         return loss
 
+    def distill(self, model: nn.Module, targets: torch.Tensor | None, gen: torch.Generator,
+                loss_fn) -> dict[str, float]:
+        """The distillation stage (from round 2): fit the public set to the server's targets."""
+        if targets is None or not self.cfg.distill_epochs:
+            return {}
+        cfg = self.cfg
+        return {"distill-loss": fit_targets(model, self.public, targets, loss_fn,
+                                            epochs=cfg.distill_epochs, batch_size=cfg.batch_size,
+                                            lr=cfg.distill_lr, device=self.device, generator=gen)}
+
     def local_update(self, model: nn.Module, targets: torch.Tensor | None, gen: torch.Generator
                      ) -> dict[str, float]:
+        """Distillation stage, then the private fit (FedDF, FedMD); FedCC adds a third stage."""
+        out = self.distill(model, targets, gen, self.distill_loss)
+        out["train-loss"] = self.fit_private(model, gen, self.cfg.local_epochs)
+        return out
+
+    def distill_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def train(self, msg: Message) -> Message:

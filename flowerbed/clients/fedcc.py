@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from flowerbed.clients.distill import DistillClient
-from flowerbed.training import fit_targets, predict
+from flowerbed.training import predict
 
 
 @dataclass
@@ -103,12 +103,8 @@ class FedCCClient(DistillClient):
         return F.kl_div(F.log_softmax(logits[:, :-1], 1), targets, reduction="batchmean")
 
     def local_update(self, model, targets, gen):
-        cfg, out = self.cfg, {}
-        if targets is not None and cfg.distill_epochs:
-            out["distill-loss"] = fit_targets(
-                model, self.public, targets, self.distill_loss, epochs=cfg.distill_epochs,
-                batch_size=cfg.batch_size, lr=cfg.distill_lr, device=self.device, generator=gen)
-        out["train-loss"] = self.fit_private(model, gen, cfg.local_epochs)
+        cfg = self.cfg
+        out = super().local_update(model, targets, gen)  # sync (distillation), supervised fit
         cal = self.calibration(model)
         if cfg.fedcc_ssl_epochs:
             out["train-loss"] = self.fit_private(model, gen, cfg.fedcc_ssl_epochs,

@@ -41,12 +41,18 @@ class FedFewClient(MultiModelClient):
         cfg, rnd = self.cfg, self.round_of(msg)
         out: dict[str, ArrayRecord] = {}
         losses = []
-        for k, model in enumerate(self.models_from(msg)):
+        models = self.models_from(msg)
+        for k, model in enumerate(models):
             loss, _ = train_epochs(
                 model, self.train_data, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
                 lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=self.device,
                 generator=seeded_generator(cfg.seed, self.partition_id, rnd, k))
             out[f"model.{k}"] = to_record(model)
             losses.append(float(loss))
-        return self.reply(msg, {"num-examples": len(self.train_data), "losses": losses,
-                                "train-loss": min(losses)}, **out)
+        metrics = {"num-examples": len(self.train_data), "losses": losses, "train-loss": min(losses)}
+        if cfg.fedfew_eval == "local":  # the official code: score the locally trained copies
+            best, _ = self.best_model(models)
+            loss, acc = evaluate(models[best], self.test_data, self.device)
+            metrics.update({"personal-accuracy": acc, "personal-loss": loss, "chosen-model": best,
+                            "eval-examples": max(len(self.test_data), 1)})
+        return self.reply(msg, metrics, **out)

@@ -72,4 +72,22 @@ class FedFewStrategy(KModelStrategy):
             **{f"model-{k}-weight": float((alpha * w[:, k]).sum()) for k in range(self.k)},
         })
         self.round.train_metrics = dict(metrics)
+        if self.cfg.fedfew_eval == "local":
+            self._local_evaluation(valid, mrs)
         return pack(new), metrics
+
+    def _local_evaluation(self, valid: list[Message], mrs: list[MetricRecord]) -> None:
+        """The official code's timing: clients scored their locally trained copies."""
+        n = np.array([m["eval-examples"] for m in mrs], dtype=np.float64)
+        acc = np.array([m["personal-accuracy"] for m in mrs])
+        loss = np.array([m["personal-loss"] for m in mrs])
+        for r, a in zip(valid, acc, strict=True):
+            pid = self.partition_of.get(r.metadata.src_node_id, -1)
+            self.round.clients.setdefault(pid, {})["evaluate-accuracy"] = float(a)
+        self.round.eval_metrics = {"accuracy": float((n * acc).sum() / n.sum()),
+                                   "loss": float((n * loss).sum() / n.sum())}
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        if self.cfg.fedfew_eval == "local":
+            return []  # evaluated inside the training round
+        return super().configure_evaluate(server_round, arrays, config, grid)
