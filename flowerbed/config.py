@@ -126,6 +126,8 @@ class Config:
     fedfew_mu: float
     fedfew_distinct_init: bool
     fedfew_eval: str
+    fault_fraction: float
+    fault_kind: str
     fedrep_head_epochs: int
     finetune_epochs: int
     output_dir: str
@@ -192,6 +194,10 @@ class Config:
             v = getattr(self, key.replace("-", "_"))
             if not 0 <= v < 1:
                 raise ConfigError(key, v, "must be in [0, 1)")
+        if not 0 <= self.fault_fraction <= 1:
+            raise ConfigError("fault-fraction", self.fault_fraction, "must be in [0, 1]")
+        if self.fault_kind not in ("raise", "nan", "shape"):
+            raise ConfigError("fault-kind", self.fault_kind, "use raise, nan or shape")
         if self.fedfew_eval not in ("server", "local"):
             raise ConfigError("fedfew-eval", self.fedfew_eval, "use server or local")
         if self.fedx_base not in FEDX_BASES:

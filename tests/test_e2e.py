@@ -99,6 +99,18 @@ def test_plain_flwr_run_against_flowerbed_superlink(tmp_path):
     assert pid is not None and not engine._alive(pid)
 
 
+@pytest.mark.parametrize("kind", ["raise", "nan"])
+def test_failing_clients_do_not_end_the_run(superlink, tmp_path, kind):
+    run(superlink, tmp_path, kind, method="fedavg", **{"fault-fraction": 0.4, "fault-kind": kind})
+    rows = read_metrics(tmp_path / kind)[1:]
+    assert len(rows) == 2 and sum(r["clients-failed"] for r in rows) >= 1
+    failed = [f for r in rows for f in r["failures"]]
+    assert all(f["partition"] in (0, 1, 2) for f in failed)
+    needle = "injected fault" if kind == "raise" else "NaN"
+    assert all(needle in f["reason"] for f in failed)
+    assert all(r["clients-ok"] + r["clients-failed"] == 3 for r in rows)
+
+
 def test_server_refuses_impossible_split_before_round_1(superlink, tmp_path):
     with pytest.raises(engine.RunFailed):
         run(superlink, tmp_path, "bad", partition="pathological:11")

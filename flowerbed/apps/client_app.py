@@ -7,6 +7,7 @@ from flwr.clientapp import ClientApp
 
 from flowerbed.clients.base import Client
 from flowerbed.config import Config
+from flowerbed.faults import inject
 from flowerbed.registry import METHODS
 
 app = ClientApp()
@@ -20,7 +21,8 @@ def client_for(context: Context) -> Client:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    return client_for(context).train(msg)
+    client = client_for(context)
+    return inject(client.cfg, client.partition_id, msg, lambda: client.train(msg))
 
 
 @app.evaluate()
