@@ -126,6 +126,17 @@ class Config:
     fedfew_mu: float
     fedfew_distinct_init: bool
     fedfew_eval: str
+    fedxds_warmup_rounds: int
+    fedxds_attribution: str
+    fedxds_sparsity: float
+    fedxds_mask: str
+    fedxds_clip: float
+    fedxds_sigma: float
+    fedxds_epsilon: float
+    fedxds_delta: float
+    fedxds_share_fraction: float
+    fedxds_lambda: float
+    fedxds_init: str
     fault_fraction: float
     fault_kind: str
     fedrep_head_epochs: int
@@ -170,7 +181,8 @@ class Config:
             raise ConfigError("local-test-fraction", self.local_test_fraction, "must be in [0, 1)")
         positive_ints = ("num-server-rounds", "local-epochs", "batch-size", "eval-every", "min-clients",
                          "probe-every", "probe-epochs", "probe-batch-size", "ssl-dim", "num-models")
-        for key in ("distill-epochs", "fedcc-ssl-epochs", "fedrep-head-epochs", "finetune-epochs"):
+        for key in ("distill-epochs", "fedcc-ssl-epochs", "fedrep-head-epochs", "finetune-epochs",
+                    "fedxds-warmup-rounds"):
             if getattr(self, key.replace("-", "_")) < 0:
                 raise ConfigError(key, getattr(self, key.replace("-", "_")), "must be an integer >= 0")
         for key in positive_ints:
@@ -194,6 +206,24 @@ class Config:
             v = getattr(self, key.replace("-", "_"))
             if not 0 <= v < 1:
                 raise ConfigError(key, v, "must be in [0, 1)")
+        if self.fedxds_attribution not in ("lrp", "ig", "ixg", "smoothgrad"):
+            raise ConfigError("fedxds-attribution", self.fedxds_attribution, "use lrp, ig, ixg or smoothgrad")
+        if self.fedxds_mask not in ("binary", "soft", "none"):
+            raise ConfigError("fedxds-mask", self.fedxds_mask, "use binary, soft or none")
+        if self.fedxds_init not in ("scratch", "warmup"):
+            raise ConfigError("fedxds-init", self.fedxds_init, "use scratch or warmup")
+        if not 0 <= self.fedxds_sparsity < 1:
+            raise ConfigError("fedxds-sparsity", self.fedxds_sparsity, "must be in [0, 1)")
+        if not 0 < self.fedxds_share_fraction <= 1:
+            raise ConfigError("fedxds-share-fraction", self.fedxds_share_fraction, "must be in (0, 1]")
+        if not 0 < self.fedxds_delta < 1:
+            raise ConfigError("fedxds-delta", self.fedxds_delta, "must be in (0, 1)")
+        if self.fedxds_epsilon < 0 or (self.fedxds_epsilon == 0 and not self.fedxds_sigma > 0):
+            raise ConfigError("fedxds-sigma", self.fedxds_sigma,
+                              "noise is mandatory: give sigma > 0 or epsilon > 0")
+        if self.method == "fedxds" and self.fedxds_warmup_rounds >= self.num_server_rounds:
+            raise ConfigError("fedxds-warmup-rounds", self.fedxds_warmup_rounds,
+                              f"must be < num-server-rounds ({self.num_server_rounds})")
         if not 0 <= self.fault_fraction <= 1:
             raise ConfigError("fault-fraction", self.fault_fraction, "must be in [0, 1]")
         if self.fault_kind not in ("raise", "nan", "shape"):
@@ -205,7 +235,7 @@ class Config:
         if self.fedx_relational not in ("official", "js"):
             raise ConfigError("fedx-relational", self.fedx_relational, "use official or js")
         for key in ("lr", "scaffold-server-lr", "round-timeout", "probe-lr", "ssl-tau",
-                    "fedx-tau-target", "fedu-mu", "distill-lr", "fedfew-mu"):
+                    "fedx-tau-target", "fedu-mu", "distill-lr", "fedfew-mu", "fedxds-clip"):
             v = getattr(self, key.replace("-", "_"))
             if not (v > 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number > 0")
@@ -213,10 +243,18 @@ class Config:
             v = getattr(self, key.replace("-", "_"))
             if not 0 <= v < 1:
                 raise ConfigError(key, v, "must be in [0, 1)")
-        for key in ("weight-decay", "proximal-mu", "fedcc-lambda"):
+        for key in ("weight-decay", "proximal-mu", "fedcc-lambda", "fedxds-lambda", "fedxds-sigma"):
             v = getattr(self, key.replace("-", "_"))
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number >= 0")
+
+    def resolved_sigma(self) -> float:
+        """FedXDS noise std: ``fedxds-sigma``, or calibrated from (epsilon, delta) when epsilon > 0."""
+        if self.fedxds_epsilon > 0:
+            from flowerbed.privacy import sigma_for
+
+            return sigma_for(self.fedxds_epsilon, self.fedxds_delta)
+        return self.fedxds_sigma
 
     def to_run_config(self) -> dict[str, Any]:
         """Back to Flower's flat kebab-case dict (what ``--run-config`` takes)."""

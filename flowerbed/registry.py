@@ -19,6 +19,7 @@ from flowerbed.clients.fedrep import FedRepClient
 from flowerbed.clients.fedsimclr import SimCLRClient, make_ssl_model
 from flowerbed.clients.fedu import FedUClient
 from flowerbed.clients.fedx import fedx_client
+from flowerbed.clients.fedxds import FedXDSClient
 from flowerbed.clients.ifca import IFCAClient
 from flowerbed.clients.local import LocalClient
 from flowerbed.clients.scaffold import ScaffoldClient
@@ -32,6 +33,7 @@ from flowerbed.strategies.fedfew import FedFewStrategy
 from flowerbed.strategies.fedmd import FedMDStrategy
 from flowerbed.strategies.fedrep import FedRepStrategy
 from flowerbed.strategies.fedx import FedXStrategy
+from flowerbed.strategies.fedxds import FedXDSStrategy
 from flowerbed.strategies.ifca import IFCAStrategy
 from flowerbed.strategies.local import LocalStrategy
 from flowerbed.strategies.scaffold import ScaffoldStrategy
@@ -82,5 +84,7 @@ METHODS: dict[str, Method] = {
         Method("local", LocalStrategy, LocalClient, make_model, "Local-only training"),
         Method("fedavg-ft", FedAvgStrategy, FedAvgFTClient, make_model,
                "FedAvg, evaluated after local fine-tuning"),
+        Method("fedxds", FedXDSStrategy, FedXDSClient, make_model,
+               "FedXDS (Hoefler et al., 2025): attribution-masked, noised data sharing"),
     )
 }

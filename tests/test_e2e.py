@@ -111,6 +111,20 @@ def test_failing_clients_do_not_end_the_run(superlink, tmp_path, kind):
     assert all(r["clients-ok"] + r["clients-failed"] == 3 for r in rows)
 
 
+def test_fedxds_end_to_end(superlink, tmp_path):
+    """Warm-up round 1 (with sharing), then main rounds with D_g sent once to each client."""
+    s = run(superlink, tmp_path, "fedxds", method="fedxds", **{
+        "num-server-rounds": 3, "fedxds-warmup-rounds": 1, "fedxds-share-fraction": 0.2})
+    rows = read_metrics(tmp_path / "fedxds")
+    assert [r["clients-ok"] for r in rows[1:]] == [3, 3, 3]
+    model = rows[3]["bytes-down"]  # round 3: the model only
+    assert rows[2]["bytes-down"] > model + 0.2 * 1500 * 784 * 2  # round 2 also carried D_g
+    assert rows[1]["bytes-up"] > rows[3]["bytes-up"]  # the one-shot upload in round 1
+    cfg = json.loads((tmp_path / "fedxds" / "config.json").read_text())
+    assert cfg["fedxds-noise-from"] == "sigma" and cfg["fedxds-epsilon-per-unit-l2"] > 0
+    assert s["final-accuracy"] is not None
+
+
 def test_server_refuses_impossible_split_before_round_1(superlink, tmp_path):
     with pytest.raises(engine.RunFailed):
         run(superlink, tmp_path, "bad", partition="pathological:11")

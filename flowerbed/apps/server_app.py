@@ -63,7 +63,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     device = pick_device()
     run_dir = RunDir(cfg.output_dir, cfg.run_name or default_run_name(cfg),
                      {**cfg.to_run_config(), "num-partitions": num_partitions,
-                      "server-device": str(device)})
+                      "server-device": str(device), **strategy.describe()})
     log.info("run directory: %s | %s on %s, %s, %d clients, server device %s", run_dir.path,
              cfg.method, cfg.dataset, cfg.partition, num_partitions, device)
 

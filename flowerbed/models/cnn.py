@@ -11,7 +11,8 @@ class CNN(nn.Module):
 
     ``features`` returns the 512-d penultimate representation (used by probes and by methods that
     split shared and personal layers). Flattening is functional, not an ``nn.Flatten`` module, so
-    attribution tools that need a rule per module (captum LRP) can walk it.
+    attribution tools that need a rule per module (captum LRP) can walk it; for the same reason
+    every activation and pooling is its own module instance.
     """
 
     def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28,
@@ -20,7 +21,7 @@ class CNN(nn.Module):
         c1, c2, hidden = int(32 * width), int(64 * width), int(512 * width)
         self.conv1 = nn.Conv2d(in_channels, c1, 5, padding=2)
         self.conv2 = nn.Conv2d(c1, c2, 5, padding=2)
-        self.pool = nn.MaxPool2d(2)
+        self.pool1, self.pool2 = nn.MaxPool2d(2), nn.MaxPool2d(2)  # one module per use (LRP)
         self.act1, self.act2, self.act3 = nn.ReLU(), nn.ReLU(), nn.ReLU()
         side = image_size // 4
         self.fc1 = nn.Linear(c2 * side * side, hidden)
@@ -28,8 +29,8 @@ class CNN(nn.Module):
         self.feature_dim = hidden
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(self.act1(self.conv1(x)))
-        x = self.pool(self.act2(self.conv2(x)))
+        x = self.pool1(self.act1(self.conv1(x)))
+        x = self.pool2(self.act2(self.conv2(x)))
         return self.act3(self.fc1(torch.flatten(x, 1)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

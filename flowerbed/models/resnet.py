@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 
 class BasicBlock(nn.Module):
@@ -16,15 +15,16 @@ class BasicBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(planes)
         self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(planes)
-        self.shortcut = nn.Sequential()
+        self.relu1, self.relu2 = nn.ReLU(), nn.ReLU()  # modules, so captum's LRP sees them
+        self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or in_planes != planes:
             self.shortcut = nn.Sequential(
                 nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False), nn.BatchNorm2d(planes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.relu1(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
-        return F.relu(out + self.shortcut(x))
+        return self.relu2(out + self.shortcut(x))
 
 
 class ResNet(nn.Module):
@@ -35,6 +35,8 @@ class ResNet(nn.Module):
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, widths[0], 3, stride=1, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(widths[0])
+        self.relu = nn.ReLU()
+        self.pool = nn.AdaptiveAvgPool2d(1)
         layers, in_planes = [], widths[0]
         for i, (n, w) in enumerate(zip(blocks, widths, strict=True)):
             strides = [1 if i == 0 else 2] + [1] * (n - 1)
@@ -48,9 +50,9 @@ class ResNet(nn.Module):
         self.linear = nn.Linear(in_planes, num_classes)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn1(self.conv1(x)))
         out = self.layers(out)
-        return torch.flatten(F.adaptive_avg_pool2d(out, 1), 1)
+        return torch.flatten(self.pool(out), 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(self.features(x))

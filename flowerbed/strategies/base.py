@@ -185,6 +185,10 @@ class FlowerbedFedAvg(FedAvg):
         return (server_round % self.cfg.eval_every == 0
                 or server_round == self.cfg.num_server_rounds)
 
+    def describe(self) -> dict[str, Any]:
+        """Method-specific facts recorded in the run's config.json."""
+        return {}
+
     def initial_arrays(self, model: torch.nn.Module | None) -> ArrayRecord:
         """What round 1 starts from: the initial global model."""
         return to_record(model)

@@ -1,0 +1,126 @@
+"""FedXDS (Hoefler, Müller, Samek, ICCV 2025), server half: warm-up, one-shot sharing, main FL.
+
+Rounds 1..R_w (``fedxds-warmup-rounds``) are FedAvg. In round R_w each client, after training,
+also uploads its privatised shared samples (``shared_x`` [n, C, H, W] float16, ``shared_y``
+[n] int64; see :mod:`flowerbed.privacy`). The server pools them, in partition order, into D_g
+and sends D_g to each client once (the first main round in which the client does not report
+having it); clients keep it in ``context.state``. Main rounds are FedAvg with the clients'
+objective CE(local) + λ·CE(D_g). ``fedxds-init``: ``scratch`` restarts the model from the
+initial weights at the first main round (the official code), ``warmup`` keeps the warm-up model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from flowerbed.strategies.base import FlowerbedFedAvg, log
+
+SHARED = "shared"   # ArrayRecord {"x": [n, C, H, W] float16, "y": [n] int64}
+
+
+class FedXDSStrategy(FlowerbedFedAvg):
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.pool: ArrayRecord | None = None
+        self.has_pool: set[int] = set()
+        self._initial: ArrayRecord | None = None
+        self._share_round = False
+
+    def describe(self) -> dict:
+        """Recorded in config.json: which noise was used and the resulting (ε, δ)."""
+        from flowerbed.privacy import epsilon_for
+
+        cfg = self.cfg
+        sigma = cfg.resolved_sigma()
+        return {"fedxds-noise-from": "epsilon-delta" if cfg.fedxds_epsilon > 0 else "sigma",
+                "fedxds-sigma-used": sigma, "fedxds-delta": cfg.fedxds_delta,
+                "fedxds-epsilon-per-unit-l2": epsilon_for(sigma, cfg.fedxds_delta),
+                "fedxds-epsilon-note": "Gaussian mechanism, one release, per unit L2 distance in "
+                                       "normalised pixel space (fixed-mask argument; opacus RDP)"}
+
+    def phase(self, server_round: int) -> str:
+        r = self.cfg.fedxds_warmup_rounds
+        return "warmup" if server_round < r else "share" if server_round == r else "main"
+
+    def initial_arrays(self, model: torch.nn.Module | None) -> ArrayRecord:
+        self._initial = super().initial_arrays(model)
+        return self._initial
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        phase = self.phase(server_round)
+        config["fedxds-phase"] = phase
+        first_main = server_round == self.cfg.fedxds_warmup_rounds + 1
+        if first_main and self.cfg.fedxds_init == "scratch" and self._initial is not None:
+            arrays = self._initial
+        self._share_round = phase == "share"
+        msgs = list(super().configure_train(server_round, arrays, config, grid))
+        if phase != "main" or self.pool is None:
+            return msgs
+        out = []  # D_g goes once to each client that does not hold it yet
+        for m in msgs:
+            pid = self.partition_of.get(m.metadata.dst_node_id, -1)
+            if pid in self.has_pool:
+                out.append(m)
+                continue
+            content = RecordDict(dict(m.content.items()))
+            content[SHARED] = self.pool
+            self.round.bytes_down += self.pool.count_bytes()
+            out.append(Message(content=content, message_type=MessageType.TRAIN,
+                               dst_node_id=m.metadata.dst_node_id))
+        self._sent = out
+        return out
+
+    def check_arrays(self, content: RecordDict) -> str | None:
+        if self._share_round:  # the shared samples, then the model as usual
+            problem = check_shared(content.array_records.get(SHARED))
+            if problem:
+                return problem
+            content = RecordDict({k: v for k, v in content.items() if k != SHARED})
+        return super().check_arrays(content)
+
+    def _check_and_log_replies(self, replies: Iterable[Message], is_train: bool,
+                               validate: bool = True) -> tuple[list[Message], list[Message]]:
+        valid, rejected = super()._check_and_log_replies(replies, is_train, validate)
+        if not is_train:
+            return valid, rejected
+        for r in valid:
+            if r.content.metric_records and next(iter(r.content.metric_records.values())).get(
+                    "has-pool") == 1:
+                self.has_pool.add(self.partition_of.get(r.metadata.src_node_id, -1))
+        if self._share_round:
+            # Pool the valid uploads in partition order, then strip them from the replies so
+            # that FedAvg averages the models only.
+            parts = []
+            for r in valid:
+                parts.append(r.content[SHARED])
+                del r.content[SHARED]
+            if parts:
+                self.pool = ArrayRecord({
+                    "x": Array(np.concatenate([p["x"].numpy() for p in parts])),
+                    "y": Array(np.concatenate([p["y"].numpy() for p in parts]))})
+                log.info("FedXDS: pooled %d shared samples from %d clients into D_g",
+                         len(self.pool["y"].numpy()), len(parts))
+            else:
+                log.warning("FedXDS: no valid shared samples; main rounds run without D_g")
+            self._share_round = False
+        return valid, rejected
+
+
+def check_shared(shared: ArrayRecord | None) -> str | None:
+    """None when ``shared`` holds x [n, C, H, W] and y [n] with finite values."""
+    if shared is None:
+        return f"missing ArrayRecord '{SHARED}'"
+    if set(shared) != {"x", "y"}:
+        return f"'{SHARED}' must hold 'x' and 'y', got {sorted(shared)}"
+    x, y = shared["x"].numpy(), shared["y"].numpy()
+    if x.ndim != 4 or y.shape != (x.shape[0],):
+        return f"shared samples have shapes {x.shape} and {y.shape}"
+    if not np.isfinite(x.astype(np.float32)).all():
+        return "shared samples hold NaN or inf values"
+    return None

@@ -1,0 +1,120 @@
+"""FedXDS: the mask, clipping, noise calibration, attribution methods, and what leaves a client."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord, Context, RecordDict
+from scipy.stats import norm
+
+from flowerbed.attribution import METHODS, attribute
+from flowerbed.clients.base import make_model
+from flowerbed.config import Config, ConfigError
+from flowerbed.datasets.federated import train_set
+from flowerbed.models import build_model
+from flowerbed.privacy import classic_sigma, clip_l2, epsilon_for, sigma_for, sparsify
+from flowerbed.registry import METHODS as ALL_METHODS
+from flowerbed.training import to_record
+from tests.conftest import sent
+
+
+@pytest.mark.parametrize("s", [0.0, 0.5, 0.8, 0.95])
+@pytest.mark.parametrize("kind", ["binary", "soft"])
+def test_mask_keeps_exactly_the_requested_fraction(s, kind):
+    heat = torch.randn(6, 28, 28)
+    heat[0] = 0.0  # a flat heatmap (all ties) still keeps exactly the requested count
+    m = sparsify(heat, s, kind)
+    keep = round(28 * 28 * (1 - s))
+    support = (sparsify(heat, s, "binary") > 0).reshape(6, -1).sum(1)
+    assert (support == keep).all()
+    assert ((m >= 0) & (m <= 1)).all()
+    if kind == "binary":
+        assert set(m.unique().tolist()) <= {0.0, 1.0}
+    # kept pixels are the most relevant ones
+    flat, mf = heat[1].flatten(), sparsify(heat, s, "binary")[1].flatten()
+    if 0 < keep < flat.numel():
+        assert flat[mf > 0].min() >= flat[mf == 0].max()
+
+
+def test_clipping_bounds_every_norm():
+    x = torch.randn(20, 1, 28, 28) * torch.linspace(0.01, 10, 20).view(-1, 1, 1, 1)
+    c = clip_l2(x, 3.0)
+    norms = c.reshape(20, -1).norm(dim=1)
+    assert (norms <= 3.0 + 1e-5).all()
+    small = x.reshape(20, -1).norm(dim=1) <= 3.0
+    assert torch.allclose(c[small], x[small])  # below the bound: unchanged
+
+
+def analytic_delta(sigma, eps):
+    """Exact δ(ε) of the Gaussian mechanism with sensitivity 1 (Balle & Wang, 2018)."""
+    return norm.cdf(1 / (2 * sigma) - eps * sigma) - math.exp(eps) * norm.cdf(-1 / (2 * sigma) - eps * sigma)
+
+
+@pytest.mark.parametrize("eps,delta", [(0.5, 1e-5), (2.0, 1e-5), (8.0, 1e-6)])
+def test_sigma_from_epsilon_delta_is_a_valid_gaussian_mechanism(eps, delta):
+    s = sigma_for(eps, delta)
+    assert analytic_delta(s, eps) <= delta  # the exact privacy curve meets the target
+    assert epsilon_for(s, delta) == pytest.approx(eps, rel=0.01)  # round trip through opacus
+    if eps < 1:
+        assert s <= classic_sigma(eps, delta) * 1.05  # no looser than the textbook bound
+
+
+@pytest.mark.parametrize("model_name", ["cnn", "resnet8"])
+@pytest.mark.parametrize("method", METHODS)
+def test_each_attribution_method_runs_on_cnn_and_resnet(model_name, method):
+    torch.manual_seed(0)
+    model = build_model(model_name, 1, 10, 28)
+    x, y = torch.randn(3, 1, 28, 28), torch.tensor([1, 4, 7])
+    a = attribute(model, x, y, method)
+    assert a.shape == (3, 28, 28) and torch.isfinite(a).all() and a.abs().sum() > 0
+    assert not any(hasattr(m, "rule") for m in model.modules())  # LRP rules removed again
+
+
+def test_lrp_is_not_input_times_gradient():
+    torch.manual_seed(0)
+    model = build_model("cnn", 1, 10, 28)
+    x, y = torch.randn(2, 1, 28, 28), torch.tensor([0, 1])
+    assert not torch.allclose(attribute(model, x, y, "lrp"), attribute(model, x, y, "ixg"), atol=1e-3)
+
+
+SMALL = {"method": "fedxds", "train-samples": 1000, "test-samples": 100, "batch-size": 32,
+         "fedxds-share-fraction": 0.2, "fedxds-sigma": 0.15, "fedxds-sparsity": 0.8}
+
+
+def share(**extra):
+    cfg = Config.from_run_config({**SMALL, **extra})
+    ctx = Context(run_id=1, node_id=3, node_config={"partition-id": 0, "num-partitions": 4},
+                  state=RecordDict(), run_config=cfg.to_run_config())
+    client = ALL_METHODS["fedxds"].client(cfg, ctx)
+    model = to_record(make_model(cfg, train_set(cfg)))
+    out = client.train(sent(3, RecordDict({"arrays": model, "config": ConfigRecord(
+        {"server-round": 3, "fedxds-phase": "share"})})))
+    return out.content["shared"]["x"].numpy().astype(np.float32), cfg
+
+
+# A large clip keeps magnitudes, and a small sigma separates signal from noise: in normalised
+# space Fashion-MNIST's background is -0.81, far above 5 sigma = 0.25.
+LOUD = {"fedxds-clip": 1e4, "fedxds-sigma": 0.05}
+
+
+@pytest.mark.parametrize("kind", ["binary", "soft"])
+def test_only_masked_and_noised_samples_leave_the_client(kind):
+    x, cfg = share(**{"fedxds-mask": kind, **LOUD})
+    n, sigma = len(x), cfg.fedxds_sigma
+    flat = np.abs(x.reshape(n, -1))
+    # masked-out pixels carry noise only: |v| > 5σ happens there with probability ~6e-7
+    signal = (flat > 5 * sigma).mean(1)
+    assert (signal <= 0.2 + 0.01).all(), "more pixels than the mask keeps carry signal: unmasked?"
+    # and that noise is there: the smallest 70 % of values per sample spread like N(0, σ²)
+    quiet = np.sort(flat, 1)[:, : int(0.7 * flat.shape[1])]
+    assert (quiet.mean(1) > 0.3 * sigma).all(), "masked-out pixels are exactly 0: no noise?"
+    unmasked, _ = share(**{"fedxds-mask": "none", **LOUD})  # the baseline is caught by the same check
+    assert ((np.abs(unmasked.reshape(n, -1)) > 5 * sigma).mean(1) > 0.2).all()
+
+
+def test_noise_is_mandatory():
+    with pytest.raises(ConfigError, match="'fedxds-sigma'.*noise is mandatory"):
+        Config.from_run_config({**SMALL, "fedxds-sigma": 0.0})
+    cfg = Config.from_run_config({**SMALL, "fedxds-sigma": 0.0, "fedxds-epsilon": 4.0})
+    assert cfg.resolved_sigma() == pytest.approx(sigma_for(4.0, 1e-5))
