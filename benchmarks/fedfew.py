@@ -6,7 +6,7 @@ official FedFew code uses momentum-free SGD, lr 0.005, batch 50). Personalised a
 each client's served model on its local test split, sample-weighted over clients; min-client
 accuracy and Jain's index alongside. Targets (issue #7): FedFew (K = 3) >= IFCA (K = 3) and
 >= FedAvg + 5 pp on both splits.
-Usage: .venv/bin/python -m benchmarks.fedfew [--rounds 15] [--train-samples 20000]
+Usage: .venv/bin/python -m benchmarks.fedfew [--rounds 10] [--train-samples 12000]
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ SPLITS = ["pathological:2", "dirichlet:0.1"]
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--train-samples", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--train-samples", type=int, default=12000)
     args = ap.parse_args()
     base = {"num-server-rounds": args.rounds, "local-test-fraction": 0.25, "num-models": 3,
             "train-samples": args.train_samples, "eval-every": 5, "seed": 0}
