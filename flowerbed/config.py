@@ -137,6 +137,21 @@ class Config:
     fedxds_share_fraction: float
     fedxds_lambda: float
     fedxds_init: str
+    fedade_shift: str
+    fedade_schedule: str
+    fedade_rounds_per_step: int
+    fedade_batch: int
+    fedade_lr_mode: str
+    fedade_fixed_lr: float
+    fedade_lr_min: float
+    fedade_lr_max: float
+    fedade_estimators: str
+    fedade_unc: str
+    fedade_rep_ref: str
+    fedade_risk: str
+    fedade_steps: int
+    fedade_sync: bool
+    fedade_pretrain_epochs: int
     fault_fraction: float
     fault_kind: str
     fedrep_head_epochs: int
@@ -180,7 +195,8 @@ class Config:
         if not 0 <= self.local_test_fraction < 1:
             raise ConfigError("local-test-fraction", self.local_test_fraction, "must be in [0, 1)")
         positive_ints = ("num-server-rounds", "local-epochs", "batch-size", "eval-every", "min-clients",
-                         "probe-every", "probe-epochs", "probe-batch-size", "ssl-dim", "num-models")
+                         "probe-every", "probe-epochs", "probe-batch-size", "ssl-dim", "num-models",
+                         "fedade-rounds-per-step", "fedade-batch", "fedade-steps", "fedade-pretrain-epochs")
         for key in ("distill-epochs", "fedcc-ssl-epochs", "fedrep-head-epochs", "finetune-epochs",
                     "fedxds-warmup-rounds"):
             if getattr(self, key.replace("-", "_")) < 0:
@@ -224,6 +240,21 @@ class Config:
         if self.method == "fedxds" and self.fedxds_warmup_rounds >= self.num_server_rounds:
             raise ConfigError("fedxds-warmup-rounds", self.fedxds_warmup_rounds,
                               f"must be < num-server-rounds ({self.num_server_rounds})")
+        choices = {"fedade-shift": ("label", "covariate"), "fedade-schedule": ("lin", "sin", "squ", "ber"),
+                   "fedade-lr-mode": ("adaptive", "fixed", "none"),
+                   "fedade-estimators": ("both", "unc", "rep"), "fedade-unc": ("softmax", "hist"),
+                   "fedade-rep-ref": ("previous", "ema"), "fedade-risk": ("entropy", "bbse")}
+        for key, allowed in choices.items():
+            if getattr(self, key.replace("-", "_")) not in allowed:
+                raise ConfigError(key, getattr(self, key.replace("-", "_")), f"use {' | '.join(allowed)}")
+        if not 0 <= self.fedade_lr_min <= self.fedade_lr_max:
+            raise ConfigError("fedade-lr-min", self.fedade_lr_min,
+                              f"must be in [0, fedade-lr-max = {self.fedade_lr_max}]")
+        if self.fedade_fixed_lr < 0:
+            raise ConfigError("fedade-fixed-lr", self.fedade_fixed_lr, "must be >= 0")
+        if self.method == "fedade" and self.num_server_rounds % self.fedade_rounds_per_step:
+            raise ConfigError("num-server-rounds", self.num_server_rounds,
+                              f"must be a multiple of fedade-rounds-per-step ({self.fedade_rounds_per_step})")
         if not 0 <= self.fault_fraction <= 1:
             raise ConfigError("fault-fraction", self.fault_fraction, "must be in [0, 1]")
         if self.fault_kind not in ("raise", "nan", "shape"):

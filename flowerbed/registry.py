@@ -9,6 +9,7 @@ from flwr.app import Context
 from torch import nn
 
 from flowerbed.clients.base import Client, make_model
+from flowerbed.clients.fedade import FedADEClient
 from flowerbed.clients.fedavg import FedAvgClient, FedAvgFTClient, FedProxClient
 from flowerbed.clients.fedbyol import BYOLClient
 from flowerbed.clients.fedcc import FedCCClient
@@ -26,6 +27,7 @@ from flowerbed.clients.scaffold import ScaffoldClient
 from flowerbed.config import Config
 from flowerbed.datasets.loading import DataSet
 from flowerbed.strategies.base import FlowerbedFedAvg
+from flowerbed.strategies.fedade import FedADEStrategy
 from flowerbed.strategies.fedavg import FedAvgStrategy, FedProxStrategy
 from flowerbed.strategies.fedcc import FedCCStrategy
 from flowerbed.strategies.feddf import FedDFStrategy
@@ -86,5 +88,7 @@ METHODS: dict[str, Method] = {
                "FedAvg, evaluated after local fine-tuning"),
         Method("fedxds", FedXDSStrategy, FedXDSClient, make_model,
                "FedXDS (Hoefler et al., 2025): attribution-masked, noised data sharing"),
+        Method("fedade", FedADEStrategy, FedADEClient, make_model,
+               "Fed-ADE (Park et al., 2026): shift-adaptive learning rates on unlabelled streams"),
     )
 }

@@ -65,8 +65,12 @@ class RunDir:
         summary["run-dir"] = str(self.path)
         write_json_atomic(self.path / "summary.json", summary)
         try:
-            plot_curves({self.path.name: self.rows}, self.path / "accuracy.png",
-                        title=self.path.name)
+            curves = {self.path.name: self.rows}
+            if any(r.get("pre-accuracy") is not None for r in self.rows):  # Fed-ADE's stricter
+                curves["predict-then-update"] = [  # variant, drawn on the same axes
+                    {"round": r["round"], "accuracy": r["pre-accuracy"]} for r in self.rows
+                    if r.get("pre-accuracy") is not None]
+            plot_curves(curves, self.path / "accuracy.png", title=self.path.name)
         except Exception as e:  # noqa: BLE001 - a plot must never lose a finished run
             log.warning("could not plot accuracy: %s", e)
         return summary

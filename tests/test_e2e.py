@@ -125,6 +125,18 @@ def test_fedxds_end_to_end(superlink, tmp_path):
     assert s["final-accuracy"] is not None
 
 
+def test_fedade_end_to_end(superlink, tmp_path):
+    """Pre-training (cached), 2 time steps x 2 rounds, online and predict-then-update accuracy."""
+    s = run(superlink, tmp_path, "fedade", method="fedade", **{
+        "num-server-rounds": 4, "fedade-rounds-per-step": 2, "fedade-batch": 20,
+        "fedade-pretrain-epochs": 1, "train-samples": 2000, "min-partition-size": 6})
+    rows = read_metrics(tmp_path / "fedade")
+    assert [r.get("accuracy") is not None for r in rows] == [False, False, True, False, True]
+    assert rows[1]["pre-accuracy"] is not None and rows[3]["pre-accuracy"] is not None
+    assert s["mean-accuracy"] is not None and s["mean-pre-accuracy"] is not None
+    assert all(cfg_lr >= 0 for cfg_lr in (rows[1]["lr"], rows[2]["lr"]))
+
+
 def test_server_refuses_impossible_split_before_round_1(superlink, tmp_path):
     with pytest.raises(engine.RunFailed):
         run(superlink, tmp_path, "bad", partition="pathological:11")

@@ -114,6 +114,8 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         "final-accuracy": final.get("accuracy"), "final-loss": final.get("loss"),
         "best-accuracy": best["accuracy"], "best-round": best["round"],
         "initial-accuracy": rows[0].get("accuracy") if rows else None,
+        "mean-accuracy": _mean([r.get("accuracy") for r in rows[1:]]),
+        "mean-pre-accuracy": _mean([r.get("pre-accuracy") for r in rows[1:]]),
         "bytes-up-total": sum(r.get("bytes-up", 0) for r in rows),
         "bytes-down-total": sum(r.get("bytes-down", 0) for r in rows),
         "client-failures-total": sum(r.get("clients-failed", 0) for r in rows),
@@ -137,6 +139,12 @@ def fairness(accs: list[float]) -> dict[str, float]:
     return {"client-accuracy-min": float(a.min()), "client-accuracy-max": float(a.max()),
             "client-accuracy-std": float(a.std()),
             "jain-index": float(a.sum() ** 2 / (len(a) * sq)) if sq > 0 else 1.0}
+
+
+def _mean(values: list[float | None]) -> float | None:
+    """Mean of the non-missing values (Fed-ADE's average online accuracy over time steps)."""
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
 
 
 def _per_client_round(rows: list[dict[str, Any]], key: str) -> float | None:

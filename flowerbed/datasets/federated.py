@@ -18,13 +18,14 @@ def _limit(ds: DataSet, n: int, seed: int, salt: int) -> DataSet:
     return ds.subset(idx)
 
 
-def _full_train(cfg: Config) -> DataSet:
+def full_train(cfg: Config) -> DataSet:
+    """The whole training set, or its seeded `train-samples` subset."""
     return _limit(load_dataset(cfg.dataset, True, cfg.data_root), cfg.train_samples, cfg.seed, 1)
 
 
 def public_indices(cfg: Config) -> np.ndarray:
     """Indices (into the training set) of the public set: a seeded ``public-fraction``, sorted."""
-    n = len(_full_train(cfg))
+    n = len(full_train(cfg))
     k = int(round(n * cfg.public_fraction))
     return np.sort(np.random.default_rng([cfg.seed, 3]).permutation(n)[:k])
 
@@ -33,7 +34,7 @@ def public_indices(cfg: Config) -> np.ndarray:
 def train_set(cfg: Config) -> DataSet:
     """The training set the run partitions: a seeded subset when ``train-samples`` > 0, minus
     the public set when ``public-fraction`` > 0."""
-    full = _full_train(cfg)
+    full = full_train(cfg)
     if cfg.public_fraction <= 0:
         return full
     keep = np.setdiff1d(np.arange(len(full)), public_indices(cfg))
@@ -43,7 +44,7 @@ def train_set(cfg: Config) -> DataSet:
 @functools.lru_cache(maxsize=4)
 def public_set(cfg: Config) -> DataSet:
     """The public set, labels removed; identical (same samples, same order) in every process."""
-    return _full_train(cfg).subset(public_indices(cfg)).without_labels()
+    return full_train(cfg).subset(public_indices(cfg)).without_labels()
 
 
 @functools.lru_cache(maxsize=4)

@@ -9,6 +9,15 @@ __all__ = ["CNN", "ResNet", "resnet8", "resnet18", "build_model", "is_head"]
 HEAD_PREFIXES = ("fc2.", "linear.")
 
 
+#: Fed-ADE's personal layers: the CNN's two dense layers, the ResNet's classifier.
+PERSONAL_PREFIXES = ("fc1.", "fc2.", "linear.")
+
+
+def is_personal(key: str) -> bool:
+    """Whether a state_dict key is one of Fed-ADE's personal (never aggregated) layers."""
+    return key.startswith(PERSONAL_PREFIXES)
+
+
 def is_head(key: str) -> bool:
     """Whether a state_dict key belongs to the classifier head (FedRep keeps it personal)."""
     return key.startswith(HEAD_PREFIXES)

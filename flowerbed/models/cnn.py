@@ -28,10 +28,13 @@ class CNN(nn.Module):
         self.fc2 = nn.Linear(hidden, num_classes)
         self.feature_dim = hidden
 
-    def features(self, x: torch.Tensor) -> torch.Tensor:
+    def trunk(self, x: torch.Tensor) -> torch.Tensor:
+        """The convolutional layers' flattened output (Fed-ADE's shared representation)."""
         x = self.pool1(self.act1(self.conv1(x)))
-        x = self.pool2(self.act2(self.conv2(x)))
-        return self.act3(self.fc1(torch.flatten(x, 1)))
+        return torch.flatten(self.pool2(self.act2(self.conv2(x))), 1)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act3(self.fc1(self.trunk(x)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.features(x))

@@ -54,6 +54,10 @@ class ResNet(nn.Module):
         out = self.layers(out)
         return torch.flatten(self.pool(out), 1)
 
+    def trunk(self, x: torch.Tensor) -> torch.Tensor:
+        """Everything but the classifier (Fed-ADE's shared representation)."""
+        return self.features(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(self.features(x))
 

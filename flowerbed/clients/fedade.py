@@ -1,0 +1,179 @@
+"""Fed-ADE client: adapt to an unlabelled, shifting stream with a learning rate set by the shift.
+
+At time step t (one Flower round per (t, round within t)) the client regenerates its batch x_c^t
+(:mod:`flowerbed.datasets.streams`), estimates how much its stream moved and adapts:
+
+- uncertainty dynamics S_unc = 1 − cos(q^{prev}, q^t), q = mean softmax of the batch (paper) or
+  the normalised argmax histogram (``fedade-unc='hist'``, the official code);
+- representation dynamics S_rep = ½(1 − cos(z^{prev}, z^t)), z = mean of the l2-normalised
+  shared-layer features (paper) or, with ``fedade-rep-ref='ema'``, normalise(mean) against an
+  EMA reference (the official code);
+- S = ½(S_unc + S_rep) (``fedade-estimators`` unc / rep for the ablations), 0 on first sight;
+  η = η_min + (η_max − η_min)·S (``fedade-lr-mode``: adaptive | fixed | none);
+- the unsupervised risk (``fedade-risk``): mean prediction entropy (the official code) or BBSE
+  (the paper): label-shift weights w = (M⁻¹ q̂) / q_0 from the server's confusion matrix M and the
+  predicted-label frequencies q̂, applied to class-conditional risks on a small labelled
+  reference set shipped with M;
+- SGD steps: ``fedade-steps`` full-batch steps on the personal layers, then as many on all.
+
+Personal layers and the estimator buffers live in ``context.state``; only the shared layers are
+uploaded. Labels are read only to score predictions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Message
+from torch import nn
+from torch.nn import functional as F
+
+from flowerbed.clients.base import Client
+from flowerbed.datasets.streams import client_batch
+from flowerbed.models import is_personal
+from flowerbed.training import to_record
+
+PERSONAL, SHARED_OWN, BUFFERS = "fedade.personal", "fedade.shared", "fedade.buffers"
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(F.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0))
+
+
+def lr_from(s: float, lr_min: float, lr_max: float) -> float:
+    """η = η_min + (η_max − η_min)·S with S clipped to [0, 1]."""
+    return lr_min + (lr_max - lr_min) * float(np.clip(s, 0.0, 1.0))
+
+
+def bbse_weights(conf: np.ndarray, pred_freq: np.ndarray) -> np.ndarray:
+    """Label-shift weights Q̂_y / q_0,y from M[ŷ, y] = P(ŷ, y) and predicted frequencies q̂_ŷ.
+
+    Q̂ = M_c⁻¹ q̂ with M_c = M / q_0 (column-normalised, P(ŷ | y)), solved by least squares,
+    projected onto the simplex (clip at 0, renormalise).
+    """
+    q0 = conf.sum(0)
+    cond = conf / np.maximum(q0, 1e-12)
+    q, *_ = np.linalg.lstsq(cond, pred_freq, rcond=None)
+    q = np.clip(q, 0, None)
+    q = q / q.sum() if q.sum() > 0 else np.full_like(q, 1 / len(q))
+    return q / np.maximum(q0, 1e-12)
+
+
+class FedADEClient(Client):
+    def model_for(self, msg: Message) -> nn.Module:
+        """ψ̄ from the server (or the client's own ψ when sync is off) + its own φ."""
+        model = self.model_from(msg.content["arrays"])
+        own = self.context.state.array_records.get(SHARED_OWN)
+        if not self.cfg.fedade_sync and own is not None:
+            model.load_state_dict(own.to_torch_state_dict(), strict=False)
+        personal = self.context.state.array_records.get(PERSONAL)
+        if personal is not None:
+            model.load_state_dict(personal.to_torch_state_dict(), strict=False)
+        return model
+
+    def batch(self, msg: Message) -> tuple[torch.Tensor, torch.Tensor, int]:
+        t = int(msg.content["config"]["fedade-step"])
+        x, y = client_batch(self.cfg, self.partition_id, self.num_partitions, t)
+        return self.train_data.normalise(x.to(self.device)), y.to(self.device), t
+
+    def shift(self, model: nn.Module, x: torch.Tensor) -> tuple[float, float]:
+        """(S_unc, S_rep) against this client's buffers, which are then updated."""
+        cfg = self.cfg
+        model.eval()
+        with torch.no_grad():
+            feats = model.trunk(x)
+            probs = torch.softmax(model(x), 1)
+        if cfg.fedade_unc == "hist":
+            q = torch.bincount(probs.argmax(1), minlength=probs.shape[1]).double()
+            q = q / q.sum()
+        else:
+            q = probs.mean(0).double()
+        if cfg.fedade_rep_ref == "ema":
+            z = F.normalize(feats.mean(0), dim=0).double()
+        else:
+            z = F.normalize(feats, dim=1).mean(0).double()
+        buf = self.context.state.array_records.get(BUFFERS)
+        s_unc = s_rep = 0.0
+        if buf is not None:
+            q_prev = torch.as_tensor(buf["q"].numpy())
+            z_prev = torch.as_tensor(buf["z"].numpy())
+            s_unc = 1 - cosine(q_prev, q.cpu())
+            s_rep = float(np.clip(0.5 * (1 - cosine(z_prev, z.cpu())), 0, 1))
+            if cfg.fedade_rep_ref == "ema":
+                z = F.normalize(0.9 * z_prev.to(z) + 0.1 * z.cpu().to(z), dim=0)
+        self.context.state[BUFFERS] = ArrayRecord({"q": Array(q.cpu().numpy()),
+                                                   "z": Array(z.cpu().numpy())})
+        return s_unc, s_rep
+
+    def learning_rate(self, s_unc: float, s_rep: float) -> float:
+        cfg = self.cfg
+        if cfg.fedade_lr_mode == "none":
+            return 0.0
+        if cfg.fedade_lr_mode == "fixed":
+            return cfg.fedade_fixed_lr
+        s = {"both": 0.5 * (s_unc + s_rep), "unc": s_unc, "rep": s_rep}[cfg.fedade_estimators]
+        return lr_from(s, cfg.fedade_lr_min, cfg.fedade_lr_max)
+
+    def risk(self, model: nn.Module, x: torch.Tensor, msg: Message) -> torch.Tensor:
+        out = model(x)
+        if self.cfg.fedade_risk == "entropy":
+            p = torch.softmax(out, 1)
+            return -(p * torch.log_softmax(out, 1)).sum(1).mean()
+        bb = msg.content["bbse"]
+        conf = bb["confusion"].numpy()
+        freq = np.bincount(out.argmax(1).cpu().numpy(), minlength=conf.shape[0]) / len(x)
+        w = torch.as_tensor(bbse_weights(conf, freq), dtype=torch.float32, device=x.device)
+        rx = self.train_data.normalise(torch.as_tensor(bb["ref_x"].numpy()).to(self.device))
+        ry = torch.as_tensor(bb["ref_y"].numpy()).long().to(self.device)
+        per_sample = F.cross_entropy(model(rx), ry, reduction="none")
+        class_risk = torch.zeros(conf.shape[0], device=x.device).index_add(0, ry, per_sample)
+        counts = torch.bincount(ry, minlength=conf.shape[0]).clamp_min(1)
+        q0 = torch.as_tensor(conf.sum(0), dtype=torch.float32, device=x.device)
+        return (w * q0 * class_risk / counts).sum()  # Σ_y Q̂_y R̂_y
+
+    def train(self, msg: Message) -> Message:
+        cfg = self.cfg
+        model = self.model_for(msg)
+        x, y, t = self.batch(msg)
+        first_of_step = int(msg.content["config"]["fedade-round-in-step"]) == 0
+        pre = {}
+        if first_of_step:  # predict-then-update: score the batch before adapting to it
+            model.eval()
+            with torch.no_grad():
+                pre = {"pre-correct": int((model(x).argmax(1) == y).sum()), "pre-n": len(y)}
+        s_unc, s_rep = self.shift(model, x)
+        lr = self.learning_rate(s_unc, s_rep)
+        loss = float("nan")
+        if lr > 0:
+            model.train()
+            for personal_only in (True, False):
+                for p_name, p in model.named_parameters():
+                    p.requires_grad_(is_personal(p_name) or not personal_only)
+                opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
+                for _ in range(cfg.fedade_steps):
+                    opt.zero_grad(set_to_none=True)
+                    risk = self.risk(model, x, msg)
+                    risk.backward()
+                    opt.step()
+                    loss = float(risk.detach())
+            model.requires_grad_(True)
+        record = to_record(model)
+        self.context.state[PERSONAL] = ArrayRecord({k: v for k, v in record.items() if is_personal(k)})
+        shared = ArrayRecord({k: v for k, v in record.items() if not is_personal(k)})
+        if not cfg.fedade_sync:
+            self.context.state[SHARED_OWN] = shared
+        metrics = {"num-examples": len(y), "lr": lr, "s-unc": s_unc, "s-rep": s_rep, "time-step": t,
+                   "risk": loss if np.isfinite(loss) else 0.0, **pre}
+        return self.reply(msg, metrics, arrays=shared)
+
+    def evaluate(self, msg: Message) -> Message:
+        """Online accuracy: the current model on this step's batch, after the step's rounds."""
+        model = self.model_for(msg).eval()
+        x, y, t = self.batch(msg)
+        with torch.no_grad():
+            out = model(x)
+        return self.reply(msg, {"num-examples": len(y), "accuracy": float((out.argmax(1) == y)
+                                                                           .float().mean()),
+                                "loss": float(F.cross_entropy(out, y)), "time-step": t})
+
+

@@ -1,0 +1,109 @@
+"""Fed-ADE's post-deployment streams: shift schedules, label-shift and covariate-shift batches.
+
+The training set is split (stratified, seeded) into an 80 % pre-training pool and a 20 %
+post-deployment pool. Client c's target label mix q_c^new is its own label histogram under a
+Dirichlet(0.1) partition of the post pool; at time step t its labels follow
+q_c^t = (1 − w_t) q_0 + w_t q_c^new (q_0 uniform), and each label is served by a random image of
+that class from the whole post pool. Covariate shift instead corrupts the client's images with a
+fixed corruption whose severity follows sev_t = clip(⌈4 w_t⌉ + 1, 1, 5). Every client regenerates
+its stream deterministically from (seed, partition, t).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as TF
+
+SCHEDULES = ("lin", "sin", "squ", "ber")
+CORRUPTIONS = ("gaussian_noise", "gaussian_blur", "contrast", "rotation")
+
+
+def schedule(kind: str, steps: int, seed: int = 0, flip_p: float = 0.1) -> np.ndarray:
+    """Mixing weights w_0..w_{T-1} in [0, 1] (T' = T − 1, L = ⌊√T'⌋, as the official code)."""
+    t = np.arange(steps)
+    tp = max(steps - 1, 1)
+    period = max(int(math.isqrt(tp)), 2)
+    if kind == "lin":
+        return t / tp
+    if kind == "sin":
+        return 0.5 * (1 + np.sin(2 * np.pi * (t % period) / period))
+    if kind == "squ":
+        return ((t // max(period // 2, 1)) % 2).astype(float)
+    if kind == "ber":  # a real Markov chain: flip with probability p at every step
+        flips = np.random.default_rng([seed, 77]).random(steps) < flip_p
+        w = np.zeros(steps)
+        for i in range(1, steps):
+            w[i] = 1 - w[i - 1] if flips[i] else w[i - 1]
+        return w
+    raise ValueError(f"unknown schedule '{kind}'; known: {', '.join(SCHEDULES)}")
+
+
+def split_pretrain(labels: np.ndarray, seed: int, fraction: float = 0.8) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified (pre-training pool, post-deployment pool) indices."""
+    rng = np.random.default_rng([seed, 80])
+    pre, post = [], []
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        k = int(round(len(idx) * fraction))
+        pre.append(idx[:k])
+        post.append(idx[k:])
+    return np.sort(np.concatenate(pre)), np.sort(np.concatenate(post))
+
+
+def label_batch(post_labels: np.ndarray, q_new: np.ndarray, w: float, n: int, rng: np.random.Generator
+                ) -> np.ndarray:
+    """Indices into the post pool for one step: labels ~ (1 − w)·uniform + w·q_new."""
+    c = len(q_new)
+    q = (1 - w) * np.full(c, 1 / c) + w * q_new
+    ys = rng.choice(c, size=n, p=q / q.sum())
+    by_class = [np.flatnonzero(post_labels == k) for k in range(c)]
+    return np.array([rng.choice(by_class[y]) if len(by_class[y]) else rng.integers(len(post_labels))
+                     for y in ys])
+
+
+def severity(w: float) -> int:
+    return int(np.clip(math.ceil(4 * w) + 1, 1, 5))
+
+
+def corrupt(x: torch.Tensor, kind: str, level: int, generator: torch.Generator) -> torch.Tensor:
+    """Corrupt a uint8 batch [N, C, H, W] at severity 1..5; returns uint8."""
+    xf = x.float() / 255
+    s = level / 5
+    if kind == "gaussian_noise":
+        xf = xf + torch.randn(xf.shape, generator=generator) * 0.5 * s
+    elif kind == "gaussian_blur":
+        xf = TF.gaussian_blur(xf, kernel_size=[5, 5], sigma=[0.3 + 1.5 * s] * 2)
+    elif kind == "contrast":
+        mean = xf.mean(dim=(1, 2, 3), keepdim=True)
+        xf = (xf - mean) * (1 - 0.85 * s) + mean
+    elif kind == "rotation":
+        xf = TF.rotate(xf, angle=60.0 * s, interpolation=v2.InterpolationMode.BILINEAR)
+    else:
+        raise ValueError(f"unknown corruption '{kind}'; known: {', '.join(CORRUPTIONS)}")
+    return (xf.clamp(0, 1) * 255).round().to(torch.uint8)
+
+
+def client_batch(cfg, partition_id: int, num_partitions: int, t: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Client ``partition_id``'s uint8 batch and labels at time step ``t`` (deterministic)."""
+    from flowerbed.datasets.partition import partition_indices
+    from flowerbed.pretrain import pools
+
+    _, _, post = pools(cfg)
+    labels = post.y.numpy()
+    steps = max(cfg.num_server_rounds // cfg.fedade_rounds_per_step, 1)
+    w = float(schedule(cfg.fedade_schedule, steps, cfg.seed)[min(t, steps - 1)])
+    rng = np.random.default_rng([cfg.seed, partition_id, t, 5])
+    if cfg.fedade_shift == "label":
+        part = partition_indices(labels, cfg.partition, num_partitions, cfg.seed, min_partition_size=6)
+        q_new = np.bincount(labels[part[partition_id]], minlength=post.num_classes).astype(float)
+        idx = label_batch(labels, q_new / q_new.sum(), w, cfg.fedade_batch, rng)
+        return post.x[idx], post.y[idx]
+    idx = rng.choice(len(labels), size=cfg.fedade_batch, replace=False)
+    gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    kind = CORRUPTIONS[partition_id % len(CORRUPTIONS)]
+    return corrupt(post.x[idx], kind, severity(w), gen), post.y[idx]

@@ -1,0 +1,72 @@
+"""Fed-ADE (Park et al., CVPR 2026), server half: shared layers averaged, personal ones kept.
+
+One Flower round per (time step t, round r within t): round k = t·R + r + 1 with R =
+``fedade-rounds-per-step``. The global record starts from the centrally pre-trained model
+(:mod:`flowerbed.pretrain`); clients upload only the shared layers, which are averaged (as
+FedRep's body). At the end of each step every client scores its current model on its own batch
+(online accuracy, pooled over clients); the sampled clients also score the batch before adapting
+in the step's first round (predict-then-update accuracy, ``pre-accuracy``). With ``fedade-risk =
+bbse`` every training message carries the confusion matrix and a small labelled reference set.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+
+from flowerbed.pretrain import confusion, pools, pretrained
+from flowerbed.strategies.fedrep import FedRepStrategy
+from flowerbed.training import to_record
+
+REF_PER_CLASS = 20
+
+
+class FedADEStrategy(FedRepStrategy):
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.bbse: ArrayRecord | None = None
+
+    def step_of(self, server_round: int) -> tuple[int, int]:
+        return divmod(server_round - 1, self.cfg.fedade_rounds_per_step)
+
+    def initial_arrays(self, model: torch.nn.Module | None) -> ArrayRecord:
+        net = pretrained(self.cfg)
+        if self.model is not None:
+            self.model.load_state_dict(net.state_dict())
+        if self.cfg.fedade_risk == "bbse":
+            _, held, _ = pools(self.cfg)
+            y = held.y.numpy()
+            rng = np.random.default_rng([self.cfg.seed, 82])
+            ref = np.concatenate([rng.permutation(np.flatnonzero(y == c))[:REF_PER_CLASS]
+                                  for c in range(held.num_classes)])
+            self.bbse = ArrayRecord({"confusion": Array(confusion(net, held)),
+                                     "ref_x": Array(held.x[ref].numpy()),
+                                     "ref_y": Array(y[ref].astype(np.int64))})
+        return to_record(net)
+
+    def train_content(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord
+                      ) -> RecordDict:
+        t, r = self.step_of(server_round)
+        config["fedade-step"], config["fedade-round-in-step"] = t, r
+        content = super().train_content(server_round, arrays, config)
+        if self.bbse is not None:
+            content["bbse"] = self.bbse
+        return content
+
+    def evaluates(self, server_round: int) -> bool:
+        return server_round % self.cfg.fedade_rounds_per_step == 0
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        config["fedade-step"] = self.step_of(server_round)[0]
+        return super().configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round, replies):
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        pre = [(v["train-pre-correct"], v["train-pre-n"]) for v in self.round.clients.values()
+               if "train-pre-n" in v]
+        if pre:
+            self.round.train_metrics["pre-accuracy"] = sum(c for c, _ in pre) / sum(n for _, n in pre)
+        self.round.train_metrics.pop("pre-correct", None)
+        self.round.train_metrics.pop("pre-n", None)
+        return arrays, metrics

@@ -1,0 +1,105 @@
+"""Fed-ADE: schedules, the Markov chain, the estimators, learning-rate bounds, BBSE."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord, Context, RecordDict
+
+from flowerbed.clients.fedade import bbse_weights, lr_from
+from flowerbed.config import Config
+from flowerbed.datasets.streams import client_batch, corrupt, schedule, severity
+from flowerbed.registry import METHODS
+from tests.conftest import sent
+
+
+def test_schedules_at_known_steps():
+    lin = schedule("lin", 11)
+    assert lin[0] == 0 and lin[5] == pytest.approx(0.5) and lin[10] == 1
+    sin = schedule("sin", 101)  # T' = 100, L = 10
+    assert sin[0] == pytest.approx(0.5) and sin[10] == pytest.approx(0.5)
+    assert sin[int(10 / 4)] == pytest.approx(0.5 * (1 + math.sin(2 * math.pi * 2 / 10)))
+    squ = schedule("squ", 100)  # T' = 99, L = 9: 0/1 alternating every 4 steps
+    assert squ[:12].tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0]
+    assert severity(0.0) == 1 and severity(0.5) == 3 and severity(1.0) == 5
+
+
+def test_ber_is_a_markov_chain_with_the_flip_rate():
+    w = schedule("ber", 20000, seed=3)
+    assert set(np.unique(w)) == {0.0, 1.0} and w[0] == 0
+    assert np.mean(w[1:] != w[:-1]) == pytest.approx(0.1, abs=0.01)
+    assert np.array_equal(w, schedule("ber", 20000, seed=3))  # the same chain on every call
+
+
+def test_learning_rate_bounds():
+    assert lr_from(0.0, 1e-5, 1e-3) == 1e-5 and lr_from(1.0, 1e-5, 1e-3) == 1e-3
+    assert lr_from(7.0, 1e-5, 1e-3) == 1e-3 and lr_from(-1.0, 1e-5, 1e-3) == 1e-5
+    assert lr_from(0.5, 0.0, 1.0) == pytest.approx(0.5)
+
+
+def test_bbse_recovers_a_known_label_shift():
+    rng = np.random.default_rng(0)
+    c = 4
+    cond = np.full((c, c), 0.1) + np.eye(c) * 0.6  # P(ŷ | y): 70 % correct
+    q0 = np.full(c, 1 / c)
+    conf = cond * q0  # M[ŷ, y] = P(ŷ | y) q0_y
+    q_true = np.array([0.6, 0.2, 0.15, 0.05])
+    ys = rng.choice(c, size=200000, p=q_true)
+    preds = np.array([rng.choice(c, p=cond[:, y]) for y in ys[:20000]])
+    freq = np.bincount(preds, minlength=c) / len(preds)
+    w = bbse_weights(conf, freq)
+    assert w * q0 == pytest.approx(q_true, abs=0.02)
+
+
+SMALL = {"method": "fedade", "train-samples": 2000, "num-server-rounds": 4,
+         "fedade-rounds-per-step": 2, "fedade-batch": 20, "partition": "dirichlet:0.5",
+         "fedade-pretrain-epochs": 1, "min-partition-size": 6}
+
+
+def test_streams_are_deterministic_and_shift():
+    cfg = Config.from_run_config(SMALL)
+    x1, y1 = client_batch(cfg, 1, 3, 0)
+    x2, y2 = client_batch(cfg, 1, 3, 0)
+    assert torch.equal(x1, x2) and torch.equal(y1, y2) and x1.shape == (20, 1, 28, 28)
+    cov = Config.from_run_config({**SMALL, "fedade-shift": "covariate"})
+    xa, _ = client_batch(cov, 0, 3, 0)
+    assert xa.dtype == torch.uint8
+    x = torch.full((2, 1, 28, 28), 128, dtype=torch.uint8)
+    g = torch.Generator().manual_seed(0)
+    assert (corrupt(x, "gaussian_noise", 5, g).float() - 128).abs().mean() > (
+        corrupt(x, "gaussian_noise", 1, g).float() - 128).abs().mean()
+
+
+def test_estimators_on_constructed_inputs():
+    cfg = Config.from_run_config(SMALL)
+    ctx = Context(run_id=1, node_id=2, node_config={"partition-id": 0, "num-partitions": 3},
+                  state=RecordDict(), run_config=cfg.to_run_config())
+    client = METHODS["fedade"].client(cfg, ctx)
+    model = client.new_model()
+    x = torch.randn(16, 1, 28, 28)
+    assert client.shift(model, x) == (0.0, 0.0)  # first sight
+    s_unc, s_rep = client.shift(model, x)
+    assert s_unc == pytest.approx(0.0, abs=1e-9) and s_rep == pytest.approx(0.0, abs=1e-9)
+    s_unc, s_rep = client.shift(model, -5 * x.abs())  # a very different batch
+    assert 0 < s_unc <= 1 and 0 < s_rep <= 1
+
+
+@pytest.mark.parametrize("extra", [{}, {"fedade-risk": "bbse"}, {"fedade-lr-mode": "none"},
+                                   {"fedade-sync": False, "fedade-unc": "hist", "fedade-rep-ref": "ema"}])
+def test_client_round_uploads_shared_layers_only(extra):
+    from flowerbed.strategies.fedade import FedADEStrategy
+
+    cfg = Config.from_run_config({**SMALL, **extra})
+    strategy = FedADEStrategy(cfg)
+    arrays = strategy.initial_arrays(None)
+    ctx = Context(run_id=1, node_id=2, node_config={"partition-id": 1, "num-partitions": 3},
+                  state=RecordDict(), run_config=cfg.to_run_config())
+    client = METHODS["fedade"].client(cfg, ctx)
+    content = strategy.train_content(1, arrays, ConfigRecord({"server-round": 1}))
+    out = client.train(sent(2, content))
+    assert not any(k.startswith(("fc1.", "fc2.")) for k in out.content["arrays"])
+    assert set(ctx.state["fedade.personal"]) >= {"fc1.weight", "fc2.weight"}
+    m = out.content["metrics"]
+    assert m["pre-n"] == 20 and (m["lr"] == 0 if extra.get("fedade-lr-mode") == "none"
+                                 else cfg.fedade_lr_min <= m["lr"] <= cfg.fedade_lr_max)
