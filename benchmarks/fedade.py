@@ -1,0 +1,78 @@
+"""Fed-ADE vs fixed learning rates, no adaptation, local-only adaptation and the ablations.
+
+Fashion-MNIST, a CNN pre-trained on 80 % of the training set, 10 clients on the remaining 20 %
+(label mixes from Dirichlet 0.1), T time steps x R rounds, 50 samples per client and step, the
+same streams and seeds for every variant. Reports the average online accuracy (after each
+step's rounds, pooled over clients), the predict-then-update accuracy and wall time.
+Targets (issue #6): label shift lin and ber: Fed-ADE >= FixLR(mid) + 1 pp and >= no adaptation;
+covariate shift lin: >= FixLR(mid); Fed-ADE's wall time <= 1.2 x FixLR's.
+Usage: .venv/bin/python -m benchmarks.fedade [--steps 20] [--rounds-per-step 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks.common import RESULTS, write_result
+from flowerbed.compare import compare
+from flowerbed.config import defaults
+
+ROOT = Path(__file__).resolve().parents[1]
+LO, HI = defaults()["fedade-lr-min"], defaults()["fedade-lr-max"]
+VARIANTS = [
+    "fedade",
+    f"fedade@fedade-lr-mode='fixed'@fedade-fixed-lr={LO}",
+    f"fedade@fedade-lr-mode='fixed'@fedade-fixed-lr={(LO + HI) / 2}",
+    f"fedade@fedade-lr-mode='fixed'@fedade-fixed-lr={HI}",
+    "fedade@fedade-lr-mode='none'",
+    "fedade@fedade-sync=false",
+    "fedade@fedade-estimators='rep'",
+    "fedade@fedade-estimators='unc'",
+]
+NAMES = ["Fed-ADE", "FixLR(low)", "FixLR(mid)", "FixLR(high)", "no adaptation", "local-only",
+         "w/o S_unc", "w/o S_rep"]
+SETTINGS = [("label", "lin"), ("label", "ber"), ("covariate", "lin")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds-per-step", type=int, default=2)
+    args = ap.parse_args()
+    results, lines = {}, ["| shift | schedule | variant | online acc % | predict-then-update % | wall s |",
+                          "|---|---|---|---|---|---|"]
+    for shift, sched in SETTINGS:
+        base = {"num-server-rounds": args.steps * args.rounds_per_step, "seed": 0,
+                "fedade-rounds-per-step": args.rounds_per_step, "fedade-shift": shift,
+                "fedade-schedule": sched, "partition": "dirichlet:0.1", "min-partition-size": 6,
+                "fraction-train": 0.5}
+        out = ROOT / "runs" / f"bench-fedade-{shift}-{sched}"
+        compare(VARIANTS, base, num_clients=10, out=out)
+        res = json.loads((out / "results.json").read_text())
+        results[f"{shift}/{sched}"] = {n: res[v] for n, v in zip(NAMES, VARIANTS, strict=True)}
+        for n in NAMES:
+            r = results[f"{shift}/{sched}"][n]
+            lines.append(f"| {shift} | {sched} | {n} | {100 * r['mean-accuracy']:.2f} | "
+                         f"{100 * r['mean-pre-accuracy']:.2f} | {r['wall-seconds']:.0f} |")
+    table = "\n".join(lines)
+
+    def acc(key: str, n: str) -> float:
+        return results[key][n]["mean-accuracy"]
+
+    checks = {}
+    for key in ("label/lin", "label/ber"):
+        checks[f"{key} Fed-ADE >= FixLR(mid) + 1pp"] = acc(key, "Fed-ADE") >= acc(key, "FixLR(mid)") + 0.01
+        checks[f"{key} Fed-ADE >= no adaptation"] = acc(key, "Fed-ADE") >= acc(key, "no adaptation")
+    checks["covariate/lin Fed-ADE >= FixLR(mid)"] = (acc("covariate/lin", "Fed-ADE")
+                                                     >= acc("covariate/lin", "FixLR(mid)"))
+    r = results["label/lin"]
+    checks["wall time Fed-ADE <= 1.2 x FixLR(mid)"] = (r["Fed-ADE"]["wall-seconds"]
+                                                      <= 1.2 * r["FixLR(mid)"]["wall-seconds"])
+    (RESULTS / "fedade.md").write_text(table + "\n")
+    write_result("fedade", {"table": table, "checks": checks, "results": results})
+
+
+if __name__ == "__main__":
+    main()
