@@ -148,5 +148,5 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 def _per_client_round(rows: list[dict[str, Any]], key: str) -> float | None:
-    vals = [r[key] / r["clients-ok"] for r in rows if r.get("clients-ok")]
+    vals = [r[key] / r["clients-sampled"] for r in rows if r.get("clients-sampled")]
     return sum(vals) / len(vals) if vals else None
