@@ -66,8 +66,9 @@ def render() -> str:
             if name == "fedxds":
                 extra = ("\n\nRound at which each first reaches FedAvg's final accuracy: "
                          f"{d['rounds-to-fedavg-final']}")
+            note = f"\n\n{d['note']}" if d.get("note") else ""
             out.append(f"**{title}** (`benchmarks/{name.split('-')[0]}.py`, {d['machine']['date']})"
-                       f"\n\n{d['table']}{extra}\n\n{_checks(d)}")
+                       f"\n\n{d['table']}{extra}\n\n{_checks(d)}{note}")
     if d := _load("fedxds_privacy"):
         m, u = d["masked"], d["unmasked"]
         out.append(f"**FedXDS privacy** (`benchmarks/fedxds_privacy.py`, {d['machine']['date']}): "
