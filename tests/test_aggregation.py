@@ -139,3 +139,12 @@ def test_scaffold_rejects_reply_without_delta(cfg):
     assert s.aggregate_train(1, reps) == (None, None)
     reasons = [f["reason"] for f in s.round.failed]
     assert "missing ArrayRecord 'cv_delta'" in reasons[0] and "shape" in reasons[1]
+
+
+def test_a_round_without_evaluation_counts_no_failures(cfg):
+    """Regression: with no evaluation messages sent, the training messages are not 'missing'."""
+    s = FedAvgStrategy(cfg)
+    msgs = prepared(s, [101, 102])
+    s.aggregate_train(1, [reply(m, content(1.0, 5)) for m in msgs])
+    assert s.aggregate_evaluate(1, []) is None
+    assert s.round.failed == []

@@ -241,7 +241,10 @@ class FlowerbedFedAvg(FedAvg):
             self.round.clients.setdefault(pid, {}).update(
                 {f"{phase}-{k}" if k != "num-examples" else f"{phase}-examples": v
                  for k, v in metrics.items()})
-        for msg in self._sent:
+        phase_type = MessageType.TRAIN if is_train else MessageType.EVALUATE
+        for msg in self._sent:  # only this phase's messages can be missing from this phase
+            if not msg.metadata.message_type.startswith(phase_type):
+                continue
             if msg.metadata.message_id not in answered:
                 node = msg.metadata.dst_node_id
                 self._fail(self.partition_of.get(node, -1), node, phase, "no reply before timeout")
