@@ -54,6 +54,14 @@ def batches(data: DataSet, batch_size: int, device: torch.device,
         yield data.normalise(data.x[idx].to(device)), data.y[idx].to(device)
 
 
+def cycled_batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """Endless index batches over ``n`` samples, reshuffled each pass (an auxiliary data stream
+    drawn alongside the local batches: FedCC's public set, FedXDS's shared set)."""
+    while True:
+        order = torch.randperm(n, generator=generator)
+        yield from (order[i:i + batch_size] for i in range(0, n, batch_size))
+
+
 def make_optimizer(model: nn.Module, lr: float, momentum: float, weight_decay: float,
                    kind: str = "sgd") -> torch.optim.Optimizer:
     """SGD with momentum (the default everywhere) or Adam (the distillation methods)."""

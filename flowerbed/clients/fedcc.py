@@ -19,7 +19,6 @@ and the epochs of each stage (``distill-epochs``, ``local-epochs``, ``fedcc-ssl-
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +26,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from flowerbed.clients.distill import DistillClient
-from flowerbed.training import predict
+from flowerbed.training import cycled_batches, predict
 
 
 @dataclass
@@ -116,14 +115,7 @@ class FedCCClient(DistillClient):
 
     def _unlabelled_term(self, cal: Calibration, gen: torch.Generator):
         """λ·L_u on the next public batch, added to every private batch's loss."""
-        bs = self.cfg.batch_size
-
-        def batches():
-            while True:
-                order = torch.randperm(len(self.public), generator=gen)
-                yield from (order[i:i + bs] for i in range(0, len(order), bs))
-
-        stream = itertools.chain(batches())
+        stream = cycled_batches(len(self.public), self.cfg.batch_size, gen)
 
         def hook(m: nn.Module) -> torch.Tensor:
             idx = next(stream)

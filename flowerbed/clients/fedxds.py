@@ -20,7 +20,7 @@ from flowerbed.attribution import attribute
 from flowerbed.clients.base import Client
 from flowerbed.privacy import privatise
 from flowerbed.strategies.fedxds import SHARED
-from flowerbed.training import seeded_generator, to_record
+from flowerbed.training import cycled_batches, seeded_generator, to_record
 
 STATE = "fedxds.shared"
 
@@ -67,14 +67,8 @@ class FedXDSClient(Client):
         """λ·CE on the next batch of D_g (cycled, shuffled), added to every local batch's loss."""
         x = torch.as_tensor(pool["x"].numpy()).float()
         y = torch.as_tensor(pool["y"].numpy()).long()
-        bs, lam = self.cfg.batch_size, self.cfg.fedxds_lambda
-
-        def stream():
-            while True:
-                order = torch.randperm(len(y), generator=gen)
-                yield from (order[i:i + bs] for i in range(0, len(order), bs))
-
-        it = stream()
+        lam = self.cfg.fedxds_lambda
+        it = cycled_batches(len(y), self.cfg.batch_size, gen)
 
         def hook(m: nn.Module) -> torch.Tensor:
             idx = next(it)

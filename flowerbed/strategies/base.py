@@ -39,6 +39,11 @@ def record_bytes(content: RecordDict) -> int:
     return int(sum(rec.count_bytes() for rec in content.values()))
 
 
+def metric_record(content: RecordDict) -> MetricRecord:
+    """The (single, validated) MetricRecord of a reply's content."""
+    return next(iter(content.metric_records.values()))
+
+
 def short_reason(reason: str) -> str:
     """The last meaningful line of a (possibly 1 kB Ray traceback) error reason."""
     lines = [ln.strip() for ln in str(reason).strip().splitlines() if ln.strip()]
@@ -237,7 +242,7 @@ class FlowerbedFedAvg(FedAvg):
                 rejected.append(reply)
                 continue
             valid.append((pid, reply))
-            metrics = self._metrics_of(reply)
+            metrics = dict(metric_record(reply.content))
             self.round.clients.setdefault(pid, {}).update(
                 {f"{phase}-{k}" if k != "num-examples" else f"{phase}-examples": v
                  for k, v in metrics.items()})
@@ -261,10 +266,6 @@ class FlowerbedFedAvg(FedAvg):
     def _fail(self, pid: int, node: int, phase: str, problem: str) -> None:
         log.warning("client partition %d (node %d) left out of %s: %s", pid, node, phase, problem)
         self.round.failed.append({"partition": pid, "phase": phase, "reason": problem})
-
-    @staticmethod
-    def _metrics_of(reply: Message) -> dict[str, Any]:
-        return dict(next(iter(reply.content.metric_records.values())))
 
     def check_reply(self, reply: Message, is_train: bool) -> str | None:
         """Why ``reply`` cannot be aggregated, or None when it can."""

@@ -14,12 +14,12 @@ from collections.abc import Iterable
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from flowerbed.datasets.federated import public_indices
 from flowerbed.datasets.loading import DataSet
-from flowerbed.strategies.base import FlowerbedFedAvg
+from flowerbed.strategies.base import FlowerbedFedAvg, metric_record
 
 SOFT_TARGETS = "soft_targets"
 PREDICTIONS = "predictions"
@@ -84,14 +84,10 @@ class DistillStrategy(FlowerbedFedAvg):
             return None, None
         preds = np.stack([r.content[PREDICTIONS]["p"].numpy().astype(np.float32) for r in valid])
         targets = self.combine(preds).astype(np.float32)
-        metrics = self.train_metrics_aggr_fn([RecordDict({"m": self._metrics(r)}) for r in valid],
+        metrics = self.train_metrics_aggr_fn([RecordDict({"m": metric_record(r.content)}) for r in valid],
                                              self.weighted_by_key)
         self.round.train_metrics = dict(metrics)
         return ArrayRecord({SOFT_TARGETS: Array(targets)}), metrics
-
-    @staticmethod
-    def _metrics(reply: Message) -> MetricRecord:
-        return next(iter(reply.content.metric_records.values()))
 
     # -------------------------------------------------------------- ensemble evaluation
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -117,7 +113,7 @@ class DistillStrategy(FlowerbedFedAvg):
             self._test_preds.append(rec["p"].numpy().astype(np.float32))
         metrics = None
         if valid:
-            metrics = self.evaluate_metrics_aggr_fn([RecordDict({"m": self._metrics(r)})
+            metrics = self.evaluate_metrics_aggr_fn([RecordDict({"m": metric_record(r.content)})
                                                      for r in valid], self.weighted_by_key)
         self.round.eval_metrics = dict(metrics or {})
         return metrics

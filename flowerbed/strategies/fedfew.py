@@ -21,6 +21,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from scipy.special import logsumexp
 
+from flowerbed.strategies.base import metric_record
 from flowerbed.strategies.personal import KModelStrategy, pack
 
 
@@ -43,7 +44,7 @@ class FedFewStrategy(KModelStrategy):
         return pack(self.initial_models(model, distinct=self.cfg.fedfew_distinct_init))
 
     def check_arrays(self, content: RecordDict) -> str | None:
-        mr = next(iter(content.metric_records.values()))
+        mr = metric_record(content)
         losses = mr.get("losses")
         if not isinstance(losses, list) or len(losses) != self.k:
             return f"metric 'losses' must be a list of {self.k} values, got {losses!r}"
@@ -53,7 +54,7 @@ class FedFewStrategy(KModelStrategy):
         valid, _ = self._check_and_log_replies(replies, is_train=True)
         if not valid:
             return None, None
-        mrs = [next(iter(r.content.metric_records.values())) for r in valid]
+        mrs = [metric_record(r.content) for r in valid]
         losses = np.array([m["losses"] for m in mrs], dtype=np.float64)
         n = np.array([m["num-examples"] for m in mrs], dtype=np.float64)
         w, alpha = fedfew_weights(losses, n, self.cfg.fedfew_mu)

@@ -18,7 +18,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from flowerbed.strategies.base import FlowerbedFedAvg, log
+from flowerbed.strategies.base import FlowerbedFedAvg, log, metric_record
 
 SHARED = "shared"   # ArrayRecord {"x": [n, C, H, W] float16, "y": [n] int64}
 
@@ -90,8 +90,7 @@ class FedXDSStrategy(FlowerbedFedAvg):
         if not is_train:
             return valid, rejected
         for r in valid:
-            if r.content.metric_records and next(iter(r.content.metric_records.values())).get(
-                    "has-pool") == 1:
+            if metric_record(r.content).get("has-pool") == 1:
                 self.has_pool.add(self.partition_of.get(r.metadata.src_node_id, -1))
         if self._share_round:
             # Pool the valid uploads in partition order, then strip them from the replies so

@@ -14,6 +14,7 @@ import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
+from flowerbed.strategies.base import metric_record
 from flowerbed.strategies.personal import KModelStrategy, pack
 
 
@@ -22,7 +23,7 @@ class IFCAStrategy(KModelStrategy):
         return pack(self.initial_models(model, distinct=True))
 
     def check_arrays(self, content: RecordDict) -> str | None:
-        cluster = next(iter(content.metric_records.values())).get("cluster")
+        cluster = metric_record(content).get("cluster")
         if not isinstance(cluster, int) or not 0 <= cluster < self.k:
             return f"metric 'cluster' must be an integer in [0, {self.k}), got {cluster!r}"
         return super().check_arrays(content)
@@ -34,11 +35,10 @@ class IFCAStrategy(KModelStrategy):
         new, sizes = [], []
         for k, old in enumerate(self._models):
             members = [r.content for r in valid
-                       if next(iter(r.content.metric_records.values()))["cluster"] == k]
+                       if metric_record(r.content)["cluster"] == k]
             sizes.append(len(members))
             new.append(aggregate_arrayrecords(members, self.weighted_by_key) if members else old)
-        metrics = self.train_metrics_aggr_fn([RecordDict({"m": next(iter(r.content.metric_records
-                                                                           .values()))})
+        metrics = self.train_metrics_aggr_fn([RecordDict({"m": metric_record(r.content)})
                                               for r in valid], self.weighted_by_key)
         metrics = MetricRecord({**{k: v for k, v in metrics.items() if k != "cluster"},
                                 **{f"cluster-{k}-clients": n for k, n in enumerate(sizes)}})

@@ -13,10 +13,10 @@ reports one (control variates cover trainable parameters, not buffers).
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from flowerbed.strategies.base import FlowerbedFedAvg
+from flowerbed.strategies.base import FlowerbedFedAvg, metric_record
 
 SERVER_CV = "server_cv"
 CV_DELTA = "cv_delta"
@@ -39,7 +39,7 @@ class ScaffoldStrategy(FlowerbedFedAvg):
         valid, _ = self._check_and_log_replies(replies, is_train=True)
         if not valid:
             return None, None
-        models = [RecordDict({"arrays": r.content["arrays"], "m": self._metric_record(r)})
+        models = [RecordDict({"arrays": r.content["arrays"], "m": metric_record(r.content)})
                   for r in valid]
         avg = aggregate_arrayrecords(models, self.weighted_by_key)
         eta = self.cfg.scaffold_server_lr
@@ -53,11 +53,7 @@ class ScaffoldStrategy(FlowerbedFedAvg):
             for k, arr in r.content[CV_DELTA].items():
                 d = arr.numpy().astype(np.float32) / n_total
                 self.c[k] = self.c[k] + d if k in self.c else d
-        metrics = self.train_metrics_aggr_fn([RecordDict({"m": self._metric_record(r)})
+        metrics = self.train_metrics_aggr_fn([RecordDict({"m": metric_record(r.content)})
                                               for r in valid], self.weighted_by_key)
         self.round.train_metrics = dict(metrics)
         return avg, metrics
-
-    @staticmethod
-    def _metric_record(reply: Message) -> MetricRecord:
-        return next(iter(reply.content.metric_records.values()))
