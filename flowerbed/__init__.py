@@ -1,6 +1,8 @@
 """flowerbed: reference implementations of recent federated-learning methods on Flower."""
 
 import logging as _logging
+import os as _os
+from pathlib import Path as _Path
 
 __version__ = "0.1.0"
 
@@ -13,3 +15,9 @@ if not _log.handlers:
     _log.addHandler(_h)
     _log.setLevel(_logging.INFO)
     _log.propagate = False
+
+
+def cache_root() -> _Path:
+    """Where flowerbed keeps what it can recompute (pre-trained weights, partitions):
+    ``$FLOWERBED_CACHE``, else ``~/.cache/flowerbed``."""
+    return _Path(_os.environ.get("FLOWERBED_CACHE", _Path.home() / ".cache" / "flowerbed"))

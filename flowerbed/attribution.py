@@ -14,14 +14,14 @@ the ResNets the residual addition is not a module, so relevance passes it by the
 from __future__ import annotations
 
 import torch
-from captum.attr import LRP, InputXGradient, IntegratedGradients, NoiseTunnel, Saliency
-from captum.attr._utils.lrp_rules import Alpha1_Beta0_Rule, EpsilonRule, IdentityRule
 from torch import nn
 
 METHODS = ("lrp", "ig", "ixg", "smoothgrad")
 
 
 def _set_lrp_rules(model: nn.Module) -> None:
+    from captum.attr._utils.lrp_rules import Alpha1_Beta0_Rule, EpsilonRule, IdentityRule
+
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
             m.rule = Alpha1_Beta0_Rule()
@@ -36,6 +36,10 @@ def attribute(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str = 
     """Relevance of each input element for the true-class logit, summed over channels: [N, H, W]."""
     if method not in METHODS:
         raise ValueError(f"unknown attribution method '{method}'; known: {', '.join(METHODS)}")
+    # captum imported here, not at module level: only FedXDS clients need it, and every deployed
+    # ClientApp process (one per message) would pay its import time
+    from captum.attr import LRP, InputXGradient, IntegratedGradients, NoiseTunnel, Saliency
+
     model.eval()
     if method == "lrp":
         _set_lrp_rules(model)

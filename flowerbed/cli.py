@@ -120,6 +120,54 @@ def cmd_superlink(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from flowerbed import certs, deploy
+
+    home = Path(args.home)
+    if args.action == "certs":
+        hosts = [*certs.DEFAULT_HOSTS, *args.host]
+        files = certs.make_certs(Path(args.out or home / "certs"), hosts)
+        print(f"CA {files['ca']}, SuperLink certificate {files['cert']} (+ key) for {', '.join(hosts)}")
+    elif args.action == "node-key":
+        pub = certs.make_node_key(Path(args.out or home / "keys" / "supernode-0"))
+        print(f"private key {pub.with_suffix('')}, public key {pub} "
+              f"(register it: flwr supernode register {pub} <connection>)")
+    elif args.action == "export-data":
+        cfg = Config.from_run_config(_overrides(args))
+        from flowerbed.datasets.federated import export_partitions
+
+        for f in export_partitions(cfg, args.num_clients, Path(args.out or "client-data")):
+            print(f"{f}: {json.loads((f / 'partition.json').read_text())['num-train']} train samples")
+    elif args.action == "up":
+        extra = [{"data-root": args.data_root,
+                  "data-dir": str(Path(args.data_dirs).resolve() / f"client-{i}") if args.data_dirs else ""}
+                 for i in range(args.num_clients)]
+        dep = deploy.up(deploy.Deployment(home=home, address=f"{args.address}:{args.port}",
+                                          insecure=args.insecure, auth=args.auth),
+                        args.num_clients, host=args.host_bind, node_extra=extra, cert_hosts=args.host)
+        print(f"SuperLink on {dep.address} ({'insecure' if dep.insecure else 'TLS'}"
+              f"{', SuperNode auth' if dep.auth else ''}), {args.num_clients} SuperNodes; "
+              f"logs in {dep.home / 'logs'}")
+        print(f"now: flowerbed deploy run -c \"method='fedavg'\"   or   FLWR_HOME={dep.home} "
+              f"flwr run . {deploy.CONNECTION} --stream")
+    elif args.action == "run":
+        overrides = _overrides(args)
+        cfg = Config.from_run_config(overrides)
+        overrides["output-dir"] = str(Path(cfg.output_dir).resolve())
+        overrides.setdefault("run-name", f"{cfg.method}-deploy-{time.strftime('%Y%m%d-%H%M%S')}")
+        print(json.dumps(deploy.run(deploy.Deployment.load(home), overrides), indent=2))
+    elif args.action == "status":
+        dep = deploy.Deployment.load(home)
+        from flowerbed.engine import _alive
+
+        for name, pid in dep.pids.items():
+            print(f"{name:>14} pid {pid}: {'running' if _alive(pid) else 'gone'}")
+        print(f"SuperNodes online (flwr supernode list): {deploy.online_nodes(dep)}")
+    else:
+        print("stopped: " + ", ".join(deploy.down(deploy.Deployment.load(home))))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flowerbed", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -144,6 +192,30 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--port", type=int, default=39191)
     u.set_defaults(fn=cmd_superlink)
 
+    d = sub.add_parser("deploy", help="Flower's deployment engine: SuperLink + SuperNodes as processes")
+    d.add_argument("action", choices=["up", "run", "status", "down", "certs", "node-key", "export-data"])
+    d.add_argument("--home", default=str(Path(".flwr-deploy")),
+                   help="folder for the deployment's state, logs, certificates (default .flwr-deploy)")
+    d.add_argument("--num-clients", type=int, default=2, help="SuperNodes to start / partitions to export")
+    d.add_argument("--address", default="127.0.0.1",
+                   help="address SuperNodes and flwr use to reach the SuperLink (default 127.0.0.1)")
+    d.add_argument("--port", type=int, default=8000, help="SuperLink port (default 8000)")
+    d.add_argument("--host-bind", default="127.0.0.1",
+                   help="interface the SuperLink listens on; 0.0.0.0 for other machines")
+    d.add_argument("--host", action="append", default=[],
+                   help="extra name/IP for the SuperLink's TLS certificate (repeatable)")
+    d.add_argument("--insecure", action="store_true", help="no TLS (plain HTTP); only when asked")
+    d.add_argument("--auth", action="store_true",
+                   help="SuperNode authentication: only registered keys may connect")
+    d.add_argument("--data-root", default="", help="data set folder the SuperNodes read")
+    d.add_argument("--data-dirs", default="",
+                   help="folder from `export-data`: SuperNode i reads only <folder>/client-i")
+    d.add_argument("--out", default=None, help="certs / node-key / export-data: where to write")
+    d.add_argument("--preset", default=None, help="run / export-data: a TOML file of run-config values")
+    d.add_argument("--run-config", "-c", action="append", default=[],
+                   help="run / export-data: run-config overrides, flwr syntax")
+    d.set_defaults(fn=cmd_deploy)
+
     s = sub.add_parser("partitions", help="print and plot the per-client label histogram")
     s.add_argument("--dataset", default="fashion-mnist")
     s.add_argument("--partition", default="dirichlet:0.5")
@@ -165,9 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as e:  # noqa: BLE001 - one clear line, not a traceback, for users
         from flowerbed.datasets.loading import DataError
+        from flowerbed.deploy import DeployError
         from flowerbed.engine import RunFailed
 
-        if isinstance(e, DataError | RunFailed):
+        if isinstance(e, DataError | RunFailed | DeployError):
             print(f"flowerbed: error: {e}", file=sys.stderr)
             return 1
         raise

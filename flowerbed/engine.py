@@ -172,9 +172,11 @@ def federation_config(num_supernodes: int, cpus_per_client: float = 1.0,
 
 
 def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
-             federation: dict[str, Any], app_dir: Path = PROJECT, quiet: bool = False,
+             federation: dict[str, Any] | None, app_dir: Path = PROJECT, quiet: bool = False,
              log_file: Path | None = None) -> dict[str, Any]:
     """``flwr run <app> <connection> --stream``; returns the run's summary.json.
+
+    ``federation``: the simulation's ``--federation-config`` (None for a deployment).
 
     ``flwr run --stream`` exits 0 even when the ServerApp raised, so success is judged by the
     summary file the ServerApp writes last.
@@ -185,9 +187,9 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
     if summary.exists():
         summary.unlink()
     rc = " ".join(f"{k}={toml_value(v)}" for k, v in run_config.items())
-    fc = " ".join(f"{k}={toml_value(v)}" for k, v in federation.items())
-    cmd = [_bin("flwr"), "run", str(app_dir), connection, "--stream", "--run-config", rc,
-           "--federation-config", fc]
+    cmd = [_bin("flwr"), "run", str(app_dir), connection, "--stream", "--run-config", rc]
+    if federation:  # simulation only; a deployment's SuperNodes are real processes
+        cmd += ["--federation-config", " ".join(f"{k}={toml_value(v)}" for k, v in federation.items())]
     log.info("$ %s", " ".join(cmd))
     sink = open(log_file, "w") if log_file else None  # noqa: SIM115
     try:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from flowerbed import cache_root
 from flowerbed.config import Config
 from flowerbed.datasets.federated import full_train
 from flowerbed.datasets.loading import DataSet
@@ -29,7 +30,7 @@ log = logging.getLogger("flowerbed")
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("FLOWERBED_CACHE", Path.home() / ".cache" / "flowerbed")) / "pretrained"
+    return cache_root() / "pretrained"
 
 
 @functools.lru_cache(maxsize=4)

@@ -1,23 +1,14 @@
 """Loaders on small files written here in the real on-disk formats (IDX, CIFAR pickles, SVHN .mat)."""
 
-import gzip
 import pickle
-import struct
 
 import numpy as np
 import pytest
 import scipy.io
 
-from flowerbed.datasets.loading import DataError, load_dataset, read_idx
+from flowerbed.datasets.loading import DataError, load_dataset, read_idx, write_idx
 
 rng = np.random.default_rng(0)
-
-
-def write_idx(path, array, gz=False):
-    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
-    data = header + array.astype(np.uint8).tobytes()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    (gzip.open if gz else open)(path, "wb").write(data)
 
 
 def write_mnist(root, n_train=40, n_test=20, gz=True):
@@ -25,8 +16,8 @@ def write_mnist(root, n_train=40, n_test=20, gz=True):
     for prefix, n in (("train", n_train), ("t10k", n_test)):
         x = rng.integers(0, 256, (n, 28, 28))
         y = np.arange(n) % 10
-        write_idx(root / f"{prefix}-images-idx3-ubyte{suffix}", x, gz)
-        write_idx(root / f"{prefix}-labels-idx1-ubyte{suffix}", y, gz)
+        write_idx(root / f"{prefix}-images-idx3-ubyte{suffix}", x)
+        write_idx(root / f"{prefix}-labels-idx1-ubyte{suffix}", y)
     return x, y
 
 

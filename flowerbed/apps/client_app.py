@@ -14,8 +14,15 @@ app = ClientApp()
 
 
 def client_for(context: Context) -> Client:
-    """The method's client for this node (data cached per process, state in context.state)."""
-    cfg = Config.from_run_config(context.run_config)
+    """The method's client for this node (data cached per process, state in context.state).
+
+    A SuperNode's ``--node-config data-root=...`` overrides the run's ``data-root`` (where this
+    machine keeps the data set); ``data-dir=...`` (read in ``Client``) replaces the seeded
+    partition by the node's own data folder.
+    """
+    node_root = context.node_config.get("data-root")
+    overrides = {"data-root": str(node_root)} if node_root else {}
+    cfg = Config.from_run_config(context.run_config, **overrides)
     return METHODS[cfg.method].client(cfg, context)
 
 

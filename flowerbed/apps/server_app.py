@@ -87,7 +87,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
             row.update({f"client-{k}": v for k, v in rl.eval_metrics.items() if k != "num-examples"})
             row.update({
                 "clients-sampled": len(rl.sampled), "clients-ok": len(rl.ok),
-                "clients-failed": len(rl.failed), "failures": rl.failed,
+                "clients-failed": len(rl.failed), "failures": rl.failed, "clients-lost": rl.lost,
                 "skipped": rl.skipped, "bytes-up": rl.bytes_up, "bytes-down": rl.bytes_down,
                 "bytes-up-eval": rl.bytes_up_eval, "bytes-down-eval": rl.bytes_down_eval,
                 "per-client": {str(k): v for k, v in sorted(rl.clients.items())},

@@ -41,7 +41,8 @@ class Client:
         self.cfg, self.context = cfg, context
         self.partition_id = int(context.node_config["partition-id"])
         self.num_partitions = int(context.node_config["num-partitions"])
-        self.train_data, self.test_data = client_data(cfg, self.partition_id, self.num_partitions)
+        self.train_data, self.test_data = client_data(
+            cfg, self.partition_id, self.num_partitions, str(context.node_config.get("data-dir", "")))
         self.device = pick_device()
         configure_threads()
 

@@ -8,11 +8,13 @@ sample; the randomness comes from torch's global generator, which the client see
 from __future__ import annotations
 
 import torch
-from torchvision.transforms import v2
 
 
-def ssl_transform(channels: int, size: int) -> v2.Transform:
+def ssl_transform(channels: int, size: int):
     """SimCLR-style views: 1-channel 28x28 (crop + flip) or 3-channel 32x32 (+ colour)."""
+    # imported here: torchvision costs ~1.4 s to import, paid by every deployed ClientApp process
+    from torchvision.transforms import v2
+
     if channels == 1:
         return v2.Compose([
             v2.RandomResizedCrop(size, scale=(0.4, 1.0), antialias=True),

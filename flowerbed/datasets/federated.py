@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import functools
+import json
+import logging
+from pathlib import Path
 
 import numpy as np
+import torch
 
 from flowerbed.config import Config
-from flowerbed.datasets.loading import DataSet, load_dataset
+from flowerbed.datasets.loading import (
+    IMAGE_SHAPES,
+    NUM_CLASSES,
+    DataError,
+    DataSet,
+    load_dataset,
+    read_idx,
+    write_idx,
+)
 from flowerbed.datasets.partition import client_split, partition_indices
+
+log = logging.getLogger("flowerbed")
 
 
 def _limit(ds: DataSet, n: int, seed: int, salt: int) -> DataSet:
@@ -62,14 +76,90 @@ def client_partitions(cfg: Config, num_partitions: int) -> list[np.ndarray]:
 _CLIENT_CACHE: dict[tuple, tuple[DataSet, DataSet]] = {}
 
 
-def client_data(cfg: Config, partition_id: int, num_partitions: int) -> tuple[DataSet, DataSet]:
-    """(local train, local test) of one client; cached per process."""
+def client_data(cfg: Config, partition_id: int, num_partitions: int,
+                data_dir: str = "") -> tuple[DataSet, DataSet]:
+    """(local train, local test) of one client; cached per process.
+
+    Either computed from the shared seed (the run's data set, split by ``partition``), or, with
+    ``data_dir`` (a SuperNode's ``--node-config data-dir=...``), read from that folder of the
+    client's own data (see :func:`export_partitions`).
+    """
     key = (cfg.dataset, cfg.data_root, cfg.train_samples, cfg.public_fraction, str(cfg.partition),
            cfg.seed,
-           cfg.min_partition_size, cfg.local_test_fraction, partition_id, num_partitions)
+           cfg.min_partition_size, cfg.local_test_fraction, partition_id, num_partitions, data_dir)
     if key not in _CLIENT_CACHE:
-        full = train_set(cfg)
-        idx = client_partitions(cfg, num_partitions)[partition_id]
-        tr, te = client_split(idx, cfg.local_test_fraction, cfg.seed, partition_id)
-        _CLIENT_CACHE[key] = (full.subset(tr), full.subset(te))
+        if data_dir:
+            _CLIENT_CACHE[key] = read_partition_dir(cfg, Path(data_dir), partition_id)
+        else:
+            full = train_set(cfg)
+            idx = client_partitions(cfg, num_partitions)[partition_id]
+            tr, te = client_split(idx, cfg.local_test_fraction, cfg.seed, partition_id)
+            _CLIENT_CACHE[key] = (full.subset(tr), full.subset(te))
     return _CLIENT_CACHE[key]
+
+
+# ------------------------------------------------------------------ a client's own data folder
+# <dir>/train-images.idx.gz, train-labels.idx.gz: the client's data (uint8 [N, C, H, W], labels)
+# <dir>/test-images.idx.gz, test-labels.idx.gz: its local test split (optional: without them the
+#   train files are split by local-test-fraction, seeded by (seed, partition-id))
+# <dir>/partition.json: what the folder holds (data set, partition id, how it was made)
+
+
+def export_partitions(cfg: Config, num_partitions: int, out: Path) -> list[Path]:
+    """Write each client's (local train, local test) data, as the seed route computes it, into
+    ``out/client-<i>/``; a SuperNode given ``data-dir=out/client-<i>`` then trains on exactly it."""
+    parts = client_partitions(cfg, num_partitions)  # validates the split first
+    folders = []
+    for i in range(num_partitions):
+        tr, te = client_data(cfg, i, num_partitions)
+        folder = Path(out) / f"client-{i}"
+        for split, ds in (("train", tr), ("test", te)):
+            write_idx(folder / f"{split}-images.idx.gz", ds.x.numpy())
+            write_idx(folder / f"{split}-labels.idx.gz", ds.y.numpy())
+        (folder / "partition.json").write_text(json.dumps({
+            "dataset": cfg.dataset, "partition-id": i, "num-partitions": num_partitions,
+            "partition": str(cfg.partition), "seed": cfg.seed, "train-samples": cfg.train_samples,
+            "public-fraction": cfg.public_fraction, "local-test-fraction": cfg.local_test_fraction,
+            "num-train": len(tr), "num-test": len(te), "num-assigned": len(parts[i])}, indent=1))
+        folders.append(folder)
+    return folders
+
+
+def read_partition_dir(cfg: Config, folder: Path, partition_id: int) -> tuple[DataSet, DataSet]:
+    """A client's own data folder -> (local train, local test), checked against the run."""
+    if not folder.is_dir():
+        raise DataError(f"data-dir {folder} does not exist on this SuperNode")
+    meta_file = folder / "partition.json"
+    meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+    if meta.get("dataset", cfg.dataset) != cfg.dataset:
+        raise DataError(f"data-dir {folder} holds {meta['dataset']}, the run uses {cfg.dataset}")
+    if meta.get("partition-id", partition_id) != partition_id:
+        raise DataError(f"data-dir {folder} holds partition {meta['partition-id']}, but this "
+                        f"SuperNode is partition-id={partition_id}")
+
+    def read(split: str) -> DataSet | None:
+        img, lbl = folder / f"{split}-images.idx.gz", folder / f"{split}-labels.idx.gz"
+        if not img.exists() and not lbl.exists():
+            return None
+        if not (img.exists() and lbl.exists()):
+            raise DataError(f"data-dir {folder}: {split}-images and {split}-labels come in pairs")
+        x, y = torch.from_numpy(read_idx(img).copy()), torch.from_numpy(read_idx(lbl).astype(np.int64))
+        if x.ndim == 3:
+            x = x[:, None]
+        expected = IMAGE_SHAPES[cfg.dataset]
+        if tuple(x.shape[1:]) != tuple(expected) or len(x) != len(y):
+            raise DataError(f"data-dir {folder}: {split} images {tuple(x.shape)} with {len(y)} "
+                            f"labels; {cfg.dataset} needs [N, {', '.join(map(str, expected))}]")
+        if len(y) and (y.min() < 0 or y.max() >= NUM_CLASSES[cfg.dataset]):
+            raise DataError(f"data-dir {folder}: {split} labels outside 0..{NUM_CLASSES[cfg.dataset] - 1}")
+        return DataSet(cfg.dataset, x.contiguous(), y, NUM_CLASSES[cfg.dataset])
+
+    train, test = read("train"), read("test")
+    if train is None:
+        raise DataError(f"data-dir {folder} has no train-images.idx.gz/train-labels.idx.gz")
+    if test is None:
+        tr, te = client_split(np.arange(len(train)), cfg.local_test_fraction, cfg.seed, partition_id)
+        train, test = train.subset(tr), train.subset(te)
+    log.info("partition %d from its own data folder %s: %d train, %d local test samples",
+             partition_id, folder, len(train), len(test))
+    return train, test

@@ -31,6 +31,8 @@ STATS = {
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
     "svhn": ((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
 }
+IMAGE_SHAPES = {"fashion-mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32),
+                "cifar100": (3, 32, 32), "svhn": (3, 32, 32)}
 NUM_CLASSES = {"fashion-mnist": 10, "mnist": 10, "cifar10": 10, "cifar100": 100, "svhn": 10}
 
 
@@ -124,6 +126,24 @@ def read_idx(path: Path) -> np.ndarray:
     if data.size != int(np.prod(dims)):
         raise DataError(f"{path} is truncated: header says {tuple(dims)}, found {data.size} bytes")
     return data.reshape(tuple(dims))
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """Write a uint8 array as an IDX file (gzipped when ``path`` ends in .gz), atomically."""
+    import struct
+
+    array = np.asarray(array)
+    if array.dtype != np.uint8:
+        if array.size and (array.min() < 0 or array.max() > 255):
+            raise ValueError(f"IDX uint8 needs values in 0..255, got {array.min()}..{array.max()}")
+        array = array.astype(np.uint8)
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with (gzip.open if path.suffix == ".gz" else open)(tmp, "wb") as f:
+        f.write(header + np.ascontiguousarray(array).tobytes())
+    tmp.replace(path)
 
 
 def _find_idx(folder: Path, stem: str) -> Path | None:

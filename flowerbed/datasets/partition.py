@@ -6,10 +6,15 @@ sample's index into the training set (no hub, no image copies). Results are cach
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
+import os
+import zipfile
 
 import numpy as np
 
+from flowerbed import cache_root
 from flowerbed.config import ConfigError, Partition
 
 log = logging.getLogger("flowerbed")
@@ -22,14 +27,39 @@ def partition_indices(labels: np.ndarray, partition: Partition, num_partitions: 
     Raises :class:`ConfigError` naming the key when the split is impossible.
     """
     labels = np.asarray(labels)
-    key = (hash(labels.tobytes()), str(partition), int(num_partitions), int(seed),
-           int(min_partition_size))
+    key = (hashlib.sha256(labels.astype(np.int64).tobytes()).hexdigest(), str(partition),
+           int(num_partitions), int(seed), int(min_partition_size))
     if key not in _CACHE:
-        _CACHE[key] = _split(labels, partition, num_partitions, seed, min_partition_size)
+        _CACHE[key] = _on_disk(key, lambda: _split(labels, partition, num_partitions, seed,
+                                                   min_partition_size))
     return [p.copy() for p in _CACHE[key]]
 
 
 _CACHE: dict[tuple, tuple[np.ndarray, ...]] = {}
+
+
+def _on_disk(key: tuple, compute) -> tuple[np.ndarray, ...]:
+    """The split from ``<cache>/partitions/`` or computed and stored there.
+
+    Deployed SuperNodes start a new ClientApp process per message; reading the stored split
+    spares each one flwr-datasets' import (about 1 s). The file name hashes the labels, the
+    partition, the client count, the seed, the minimum size and the flwr-datasets version, so
+    a stored split is only reused for exactly the same inputs.
+    """
+    from importlib.metadata import version
+
+    name = hashlib.sha256(repr((*key, version("flwr-datasets"))).encode()).hexdigest()[:32]
+    path = cache_root() / "partitions" / f"{name}.npz"
+    with contextlib.suppress(OSError, ValueError, KeyError, zipfile.BadZipFile):
+        with np.load(path) as f:
+            return tuple(f[f"p{i}"] for i in range(key[2]))
+    out = compute()
+    with contextlib.suppress(OSError):  # a read-only home only loses the speed-up
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
+        np.savez(tmp, **{f"p{i}": p for i, p in enumerate(out)})
+        os.replace(tmp, path)
+    return out
 
 
 def check_partition(labels: np.ndarray, partition: Partition, num_partitions: int) -> None:

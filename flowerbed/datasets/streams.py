@@ -15,8 +15,6 @@ import math
 
 import numpy as np
 import torch
-from torchvision.transforms import v2
-from torchvision.transforms.v2 import functional as TF
 
 SCHEDULES = ("lin", "sin", "squ", "ber")
 CORRUPTIONS = ("gaussian_noise", "gaussian_blur", "contrast", "rotation")
@@ -71,6 +69,9 @@ def severity(w: float) -> int:
 
 def corrupt(x: torch.Tensor, kind: str, level: int, generator: torch.Generator) -> torch.Tensor:
     """Corrupt a uint8 batch [N, C, H, W] at severity 1..5; returns uint8."""
+    from torchvision.transforms import v2  # lazy: see datasets/augment.py
+    from torchvision.transforms.v2 import functional as TF  # noqa: N812
+
     xf = x.float() / 255
     s = level / 5
     if kind == "gaussian_noise":

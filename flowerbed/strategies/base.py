@@ -66,6 +66,7 @@ class RoundLog:
     eval_metrics: dict[str, Any] = field(default_factory=dict)
     clients: dict[int, dict[str, Any]] = field(default_factory=dict)
     skipped: bool = False
+    lost: list[int] = field(default_factory=list)  # partitions whose node left the federation
 
 
 class FlowerbedFedAvg(FedAvg):
@@ -104,7 +105,10 @@ class FlowerbedFedAvg(FedAvg):
         while True:
             nodes = set(grid.get_node_ids())
             for nid in [n for n in self.partition_of if n not in nodes]:
-                self.node_of.pop(self.partition_of.pop(nid), None)
+                pid = self.partition_of.pop(nid)
+                self.node_of.pop(pid, None)
+                self.round.lost.append(pid)
+                log.warning("partition %d (node %d) left the federation", pid, nid)
             new = sorted(nodes - set(self.partition_of))
             if new:
                 self._whoami(grid, new)

@@ -1,0 +1,302 @@
+"""Flower's deployment engine on this machine: a SuperLink and N SuperNodes as real processes.
+
+``flowerbed deploy up`` starts them (TLS on unless ``--insecure``; optional SuperNode
+authentication), ``flowerbed deploy run`` sends the app with ``flwr run``, ``flowerbed deploy
+down`` stops exactly the processes ``up`` started (by the pids it wrote). Every SuperNode gets its
+own ``partition-id``/``num-partitions`` through ``--node-config``, plus, optionally, its own
+``data-root`` (a copy of the data set) or ``data-dir`` (only its own partition, see
+``flowerbed deploy export-data``).
+
+State of one deployment lives in a folder (default ``.flwr-deploy/``): ``config.toml`` (the
+``FLWR_HOME`` the ``flwr`` CLI reads, connection ``flowerbed-deploy``), ``certs/``, ``keys/``,
+``logs/``, ``state.db`` (the SuperLink's persistent state) and ``pids.json``.
+
+On other machines, start the same ``flower-superlink``/``flower-supernode`` commands by hand (the
+README's "Deploy on several machines" shows them); :func:`superlink_cmd` and
+:func:`supernode_cmd` are exactly what ``up`` runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flowerbed import certs
+from flowerbed.engine import PROJECT, _alive, _bin, flwr_env, flwr_run, free_port, toml_value
+
+log = logging.getLogger("flowerbed")
+
+CONNECTION = "flowerbed-deploy"
+DEFAULT_HOME = PROJECT / ".flwr-deploy"
+
+
+class DeployError(RuntimeError):
+    """A deployment could not be started, reached or stopped."""
+
+
+@dataclass
+class Deployment:
+    """Where one deployment keeps its files, and how it is reached."""
+
+    home: Path = DEFAULT_HOME
+    address: str = "127.0.0.1:8000"  # how SuperNodes and flwr reach the SuperLink
+    insecure: bool = False
+    auth: bool = False
+    pids: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.home = Path(self.home).resolve()
+
+    # ------------------------------------------------------------------ files
+    @property
+    def certs(self) -> Path:
+        return self.home / "certs"
+
+    @property
+    def ca(self) -> Path | None:
+        return None if self.insecure else self.certs / certs.CA_CERT
+
+    def log_file(self, name: str) -> Path:
+        (self.home / "logs").mkdir(parents=True, exist_ok=True)
+        return self.home / "logs" / f"{name}.log"
+
+    def node_key(self, i: int) -> Path:
+        return self.home / "keys" / f"supernode-{i}"
+
+    def write_connection(self) -> None:
+        """``$FLWR_HOME/config.toml`` with the connection ``flwr run . flowerbed-deploy`` uses."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        tls = "insecure = true" if self.insecure else f"root-certificates = {toml_value(str(self.ca))}"
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "{self.address}"\n{tls}\n')
+
+    def save(self) -> None:
+        (self.home / "pids.json").write_text(json.dumps(
+            {"address": self.address, "insecure": self.insecure, "auth": self.auth,
+             "pids": self.pids}, indent=1))
+
+    @classmethod
+    def load(cls, home: Path = DEFAULT_HOME) -> Deployment:
+        f = Path(home).resolve() / "pids.json"
+        if not f.exists():
+            raise DeployError(f"no deployment started from {Path(home).resolve()} "
+                              "(no pids.json); start one with `flowerbed deploy up`")
+        d = json.loads(f.read_text())
+        return cls(home=home, address=d["address"], insecure=d["insecure"], auth=d["auth"],
+                   pids={k: int(v) for k, v in d["pids"].items()})
+
+
+# ---------------------------------------------------------------------- commands
+
+
+def superlink_cmd(dep: Deployment, host: str = "127.0.0.1", port: int = 8000) -> list[str]:
+    """``flower-superlink`` for deployment: this venv's packages, persistent state, TLS or not."""
+    cmd = [_bin("flower-superlink"), "--host", host, "--port", str(port),
+           "--database", str(dep.home / "state.db"), "--disable-runtime-dependency-installation"]
+    if dep.insecure:
+        cmd.append("--insecure")
+    else:
+        cmd += ["--ssl-ca-certfile", str(dep.certs / certs.CA_CERT),
+                "--ssl-certfile", str(dep.certs / certs.SERVER_CERT),
+                "--ssl-keyfile", str(dep.certs / certs.SERVER_KEY)]
+    if dep.auth:
+        cmd.append("--enable-supernode-auth")
+    return cmd
+
+
+def node_config(partition_id: int, num_partitions: int, **extra: Any) -> str:
+    """The ``--node-config`` string: partition plus optional ``data-root``/``data-dir``."""
+    items = {"partition-id": partition_id, "num-partitions": num_partitions,
+             **{k: v for k, v in extra.items() if v not in (None, "")}}
+    return " ".join(f"{k}={toml_value(v)}" for k, v in items.items())
+
+
+def supernode_cmd(dep: Deployment, partition_id: int, num_partitions: int, port: int,
+                  **node_extra: Any) -> list[str]:
+    """``flower-supernode`` for one partition; ``port`` is its local ClientApp runtime API."""
+    cmd = [_bin("flower-supernode"), "--superlink", dep.address, "--port", str(port),
+           "--node-config", node_config(partition_id, num_partitions, **node_extra)]
+    cmd += ["--insecure"] if dep.insecure else ["--root-certificates", str(dep.ca)]
+    if dep.auth:
+        cmd += ["--auth-supernode-private-key", str(dep.node_key(partition_id))]
+    return cmd
+
+
+def spawn(cmd: list[str], log_path: Path, wrap: list[str] | None = None) -> subprocess.Popen:
+    """Start a process in its own session (so it and its children stop together)."""
+    full = [*(wrap or []), *cmd]
+    log.info("$ %s", " ".join(full))
+    with open(log_path, "ab") as out:
+        return subprocess.Popen(full, stdout=out, stderr=subprocess.STDOUT, cwd=PROJECT,
+                                env=flwr_env(log_path.parent.parent), start_new_session=True)
+
+
+def wait_listening(proc: subprocess.Popen, check, what: str, log_path: Path,
+                   timeout: float = 60.0) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-1500:] if log_path.exists() else ""
+            raise DeployError(f"{what} exited with code {proc.returncode}; its log "
+                              f"({log_path}) ends with:\n{tail}")
+        if check():
+            return
+        time.sleep(0.3)
+    raise DeployError(f"{what} not ready within {timeout:.0f} s (log: {log_path})")
+
+
+def flwr_cli(dep: Deployment, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    """``flwr <args>`` against this deployment's connection."""
+    return subprocess.run([_bin("flwr"), *args], env=flwr_env(dep.home), cwd=PROJECT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def online_nodes(dep: Deployment) -> int | None:
+    """How many SuperNodes the SuperLink sees online (``flwr supernode list``), None if unknown."""
+    res = flwr_cli(dep, "supernode", "list", CONNECTION, "--format", "json")
+    with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError):
+        nodes = json.loads(res.stdout)["nodes"]
+        return sum(1 for n in nodes if str(n.get("status", "")).lower() == "online")
+    return None
+
+
+def register_node(dep: Deployment, i: int) -> None:
+    """Register SuperNode ``i``'s public key with the SuperLink (needs ``--enable-supernode-auth``)."""
+    res = flwr_cli(dep, "supernode", "register", str(dep.node_key(i)) + ".pub", CONNECTION)
+    if res.returncode != 0:
+        raise DeployError(f"`flwr supernode register` failed for supernode-{i}:\n"
+                          f"{res.stdout}{res.stderr}")
+
+
+def _superlink_port_open(dep: Deployment) -> bool:
+    import socket
+
+    host, port = dep.address.rsplit(":", 1)
+    with contextlib.suppress(OSError), socket.create_connection((host.strip("[]"), int(port)), 0.5):
+        return True
+    return False
+
+
+# ---------------------------------------------------------------------- up / down
+
+
+def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
+       node_extra: list[dict[str, Any]] | None = None, cert_hosts: list[str] | None = None,
+       wait_nodes: bool = True, wrap: Callable[[str], list[str]] | None = None) -> Deployment:
+    """Start a SuperLink and ``num_nodes`` SuperNodes on this machine; returns the deployment.
+
+    ``host``: the interface the SuperLink listens on (0.0.0.0 for other machines);
+    ``node_extra``: per-node ``data-root``/``data-dir``; ``cert_hosts``: extra names for the
+    TLS certificate; ``wrap(name)``: a command prefix per process, e.g. ``ip netns exec <ns>``
+    to put each one in its own network namespace (a host of its own).
+    """
+    wrap = wrap or (lambda name: [])
+    if num_nodes < 1:
+        raise DeployError(f"num-nodes must be >= 1, got {num_nodes}")
+    old = dep.home / "pids.json"
+    if old.exists() and any(_alive(p) for p in Deployment.load(dep.home).pids.values()):
+        raise DeployError(f"a deployment from {dep.home} is still running; "
+                          "stop it first with `flowerbed deploy down`")
+    dep.home.mkdir(parents=True, exist_ok=True)
+    port = int(dep.address.rsplit(":", 1)[1])
+    if not dep.insecure and not (dep.certs / certs.SERVER_CERT).exists():
+        sl_host = dep.address.rsplit(":", 1)[0].strip("[]")
+        certs.make_certs(dep.certs, [*certs.DEFAULT_HOSTS, sl_host, *(cert_hosts or [])])
+    dep.write_connection()
+    dep.pids = {}
+    try:
+        sl_log = dep.log_file("superlink")
+        proc = spawn(superlink_cmd(dep, host, port), sl_log, wrap("superlink"))
+        dep.pids["superlink"] = proc.pid
+        dep.save()
+        wait_listening(proc, lambda: _superlink_port_open(dep), "flower-superlink", sl_log)
+        for i in range(num_nodes):
+            if dep.auth:
+                if not dep.node_key(i).exists():
+                    certs.make_node_key(dep.node_key(i))
+                register_node(dep, i)
+            extra = (node_extra or [{}] * num_nodes)[i]
+            p = spawn(supernode_cmd(dep, i, num_nodes, free_port(), **extra),
+                      dep.log_file(f"supernode-{i}"), wrap(f"supernode-{i}"))
+            dep.pids[f"supernode-{i}"] = p.pid
+            dep.save()
+        if wait_nodes:
+            wait_online(dep, num_nodes)
+    except BaseException:
+        down(dep)
+        raise
+    return dep
+
+
+def wait_online(dep: Deployment, n: int, timeout: float = 90.0) -> None:
+    t0 = time.time()
+    seen = None
+    while time.time() - t0 < timeout:
+        for name, pid in dep.pids.items():
+            if not _alive(pid):
+                tail = dep.log_file(name).read_text(errors="replace")[-1500:]
+                raise DeployError(f"{name} (pid {pid}) exited; its log ends with:\n{tail}")
+        seen = online_nodes(dep)
+        if seen is not None and seen >= n:
+            return
+        time.sleep(1.0)
+    raise DeployError(f"only {seen} of {n} SuperNodes online after {timeout:.0f} s "
+                      f"(logs in {dep.home / 'logs'})")
+
+
+def stop_pid(pid: int, timeout: float = 15.0) -> None:
+    """SIGTERM the process group ``pid`` leads, then SIGKILL what is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        t0 = time.time()
+        while time.time() - t0 < timeout and _alive(pid):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.2)
+        if not _alive(pid):
+            return
+
+
+def kill_node(dep: Deployment, i: int, sig: int = signal.SIGTERM) -> None:
+    """Stop SuperNode ``i`` (a dropout); the rest of the deployment keeps running."""
+    pid = dep.pids[f"supernode-{i}"]
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig)
+
+
+def down(dep: Deployment) -> list[str]:
+    """Stop every process this deployment started (SuperNodes first); returns their names."""
+    stopped = []
+    for name in sorted(dep.pids, key=lambda n: n == "superlink"):
+        stop_pid(dep.pids[name])
+        stopped.append(name)
+    with contextlib.suppress(FileNotFoundError):
+        (dep.home / "pids.json").unlink()
+    return stopped
+
+
+def run(dep: Deployment, run_config: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """``flwr run <project> flowerbed-deploy`` on this deployment; returns summary.json."""
+    return flwr_run(dep.home, CONNECTION, run_config, None, **kwargs)
+
+
+@contextlib.contextmanager
+def deployment(home: Path, num_nodes: int, **kwargs: Any) -> Iterator[Deployment]:
+    """``up`` ... ``down`` around a block (tests, scripts)."""
+    opts = {k: kwargs.pop(k) for k in ("address", "insecure", "auth") if k in kwargs}
+    dep = up(Deployment(home=home, **opts), num_nodes, **kwargs)
+    try:
+        yield dep
+    finally:
+        down(dep)

@@ -1,0 +1,176 @@
+"""Flower's deployment engine with real processes: a SuperLink and SuperNodes started by
+``flowerbed.deploy`` (TLS, SuperNode authentication), every method for 2 rounds, a SuperNode
+killed mid-run, a SuperNode's own data folder, and certificates/keys Flower accepts.
+
+Deployed ClientApps start one process per message and SuperNodes poll every 3 s, so a 2-round run
+takes about a minute; the method runs share one deployment and run concurrently.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
+
+from flowerbed import certs, deploy
+from flowerbed.config import Config
+from flowerbed.datasets.federated import client_data, export_partitions, read_partition_dir
+from flowerbed.datasets.loading import DataError
+from flowerbed.engine import _alive, free_port
+from flowerbed.registry import METHODS
+from flowerbed.results import read_metrics
+
+SMALL = {"num-server-rounds": 2, "train-samples": 1200, "test-samples": 300, "min-clients": 2,
+         "eval-every": 2, "batch-size": 64}
+# what each method needs to run at this size (the same as the simulation end-to-end tests)
+EXTRA = {
+    "fedcc": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},
+    "feddf": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},
+    "fedmd": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},
+    "fedx": {"fedx-base": "simclr", "probe-every": 2, "probe-epochs": 2, "local-test-fraction": 0.0},
+    "fedsimclr": {"probe-every": 2, "probe-epochs": 2, "local-test-fraction": 0.0},
+    "fedbyol": {"probe-every": 2, "probe-epochs": 2, "local-test-fraction": 0.0},
+    "fedu": {"probe-every": 2, "probe-epochs": 2, "local-test-fraction": 0.0},
+    "fedxds": {"fedxds-warmup-rounds": 1, "fedxds-share-fraction": 0.2},
+    "fedade": {"fedade-rounds-per-step": 1, "fedade-batch": 20, "fedade-pretrain-epochs": 1,
+               "train-samples": 2000, "min-partition-size": 6},
+    **{m: {"num-models": 2, "local-test-fraction": 0.25, "partition": "pathological:2"}
+       for m in ("fedfew", "ifca", "fedrep", "local", "fedavg-ft")},
+}
+
+
+def test_certificates_and_node_keys_are_what_flower_reads(tmp_path):
+    files = certs.make_certs(tmp_path, ["localhost", "127.0.0.1", "10.231.0.10", "superlink"])
+    assert set(certs.san_hosts(files["cert"])) == {"localhost", "127.0.0.1", "10.231.0.10", "superlink"}
+    ca = x509.load_pem_x509_certificate(files["ca"].read_bytes())
+    cert = x509.load_pem_x509_certificate(files["cert"].read_bytes())
+    cert.verify_directly_issued_by(ca)
+    assert oct(files["key"].stat().st_mode)[-3:] == "600"
+    pub = certs.make_node_key(tmp_path / "keys" / "supernode-0")
+    key = load_ssh_private_key((tmp_path / "keys" / "supernode-0").read_bytes(), None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)  # flower-supernode refuses other kinds
+    assert isinstance(load_ssh_public_key(pub.read_bytes()), ec.EllipticCurvePublicKey)
+
+
+def test_node_config_and_commands():
+    assert deploy.node_config(1, 3, **{"data-dir": "/d/client-1", "data-root": ""}) == \
+        'partition-id=1 num-partitions=3 data-dir="/d/client-1"'
+    dep = deploy.Deployment(address="10.0.0.5:8000", auth=True)
+    cmd = deploy.supernode_cmd(dep, 2, 3, 9100)
+    assert cmd[cmd.index("--superlink") + 1] == "10.0.0.5:8000"
+    assert "--root-certificates" in cmd and "--insecure" not in cmd  # TLS unless asked
+    assert "--auth-supernode-private-key" in cmd
+    sl = deploy.superlink_cmd(dep, "0.0.0.0", 8000)
+    assert "--enable-supernode-auth" in sl and "--database" in sl and "--ssl-certfile" in sl
+    assert "--insecure" in deploy.superlink_cmd(deploy.Deployment(insecure=True))
+
+
+def test_own_data_folder_equals_the_seeded_partition(tmp_path):
+    """`flowerbed deploy export-data` + `data-dir` gives a SuperNode exactly its seeded split."""
+    cfg = Config.from_run_config({"train-samples": 1200, "partition": "dirichlet:0.5"})
+    folders = export_partitions(cfg, 3, tmp_path)
+    for i, folder in enumerate(folders):
+        own_tr, own_te = client_data(cfg, i, 3, str(folder))
+        tr, te = client_data(cfg, i, 3)
+        assert (own_tr.x == tr.x).all() and (own_tr.y == tr.y).all() and (own_te.y == te.y).all()
+    with pytest.raises(DataError, match="partition 0, but this SuperNode is partition-id=1"):
+        read_partition_dir(cfg, folders[0], 1)
+    with pytest.raises(DataError, match="holds fashion-mnist, the run uses cifar10"):
+        read_partition_dir(Config.from_run_config({"dataset": "cifar10"}), folders[0], 0)
+    (folders[2] / "test-labels.idx.gz").unlink()
+    with pytest.raises(DataError, match="come in pairs"):
+        read_partition_dir(cfg, folders[2], 2)
+    (folders[2] / "test-images.idx.gz").unlink()  # no test split: made by local-test-fraction
+    tr, te = read_partition_dir(cfg, folders[2], 2)
+    assert len(te) == round(0.1 * (len(tr) + len(te)))
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    """A SuperLink (TLS, SuperNode authentication) and 2 SuperNodes on loopback."""
+    home = tmp_path_factory.mktemp("deploy")
+    with deploy.deployment(home, 2, address=f"127.0.0.1:{free_port()}", auth=True) as dep:
+        yield dep
+    assert not any(_alive(p) for p in dep.pids.values())  # `down` stopped what `up` started
+
+
+@pytest.fixture(scope="module")
+def every_method(deployment, tmp_path_factory):
+    """Every registered method for 2 rounds on the deployment, 4 runs at a time."""
+    out = tmp_path_factory.mktemp("deploy-runs")
+
+    def one(method):
+        rc = {**SMALL, **EXTRA.get(method, {}), "method": method, "output-dir": str(out),
+              "run-name": method}
+        try:
+            return deploy.run(deployment, rc, quiet=True, log_file=out / f"{method}.log")
+        except Exception as e:  # noqa: BLE001 - reported per method below
+            return e
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = dict(zip(METHODS, pool.map(one, METHODS), strict=True))
+    return out, results
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_runs_on_the_deployment_engine(every_method, method):
+    out, results = every_method
+    res = results[method]
+    if isinstance(res, Exception):
+        log = (out / f"{method}.log").read_text(errors="replace")[-3000:]
+        pytest.fail(f"{method} failed on the deployment engine: {res}\n{log}")
+    rows = read_metrics(out / method)
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    assert all(r["clients-ok"] == 2 and r["clients-failed"] == 0 for r in rows[1:])
+    cfg = json.loads((out / method / "config.json").read_text())
+    assert cfg["num-partitions"] == 2
+    assert res["rounds"] == 2
+    last = rows[-1]
+    if method in ("fedavg", "fedprox", "scaffold"):
+        assert res["final-accuracy"] > rows[0]["accuracy"]  # it learns (state kept across rounds)
+    if method in ("fedcc", "feddf", "fedmd"):
+        # only predictions travel: bytes up per client are the |D_u| x (C+1) matrix, not a model
+        assert rows[0].get("accuracy") is None and 0 <= last["accuracy"] <= 1
+        width = 11 if method == "fedcc" else 10
+        assert res["bytes-up-per-client-round"] < 120 * width * 4 + 2000  # 120 public samples
+        assert last["client-global-test-accuracy"] is not None
+    if method in ("fedfew", "ifca", "fedrep", "local", "fedavg-ft"):
+        assert 0 <= last["client-accuracy"] <= 1
+        assert {"client-accuracy-min", "client-accuracy-max", "jain-index"} <= set(last)
+
+
+def test_killed_supernode_mid_round(tmp_path):
+    """SIGTERM one of 3 SuperNodes during round 2: the run finishes with the other two and the
+    metrics name the partition that dropped."""
+    rc = {**SMALL, "num-server-rounds": 4, "eval-every": 4, "method": "fedavg",
+          "output-dir": str(tmp_path), "run-name": "drop"}
+    with deploy.deployment(tmp_path / "home", 3, address=f"127.0.0.1:{free_port()}") as dep:
+        result: dict = {}
+        t = threading.Thread(target=lambda: result.update(
+            s=deploy.run(dep, rc, quiet=True, log_file=tmp_path / "drop.log")))
+        t.start()
+        metrics = tmp_path / "drop" / "metrics.jsonl"
+        t0 = time.time()
+        while time.time() - t0 < 300 and not (metrics.exists() and len(read_metrics(tmp_path / "drop")) >= 2):
+            time.sleep(0.5)
+        time.sleep(1.0)  # round 2's training messages are out
+        deploy.kill_node(dep, 2)
+        t.join(timeout=600)
+    assert "s" in result, (tmp_path / "drop.log").read_text()[-3000:]
+    rows = read_metrics(tmp_path / "drop")
+    assert [r["round"] for r in rows] == [0, 1, 2, 3, 4]
+    assert rows[1]["clients-ok"] == 3
+    # its in-flight message comes back as an error (a failure), and from then on the partition is
+    # reported lost (its node left the federation) and no longer sampled
+    failed = [f["partition"] for r in rows[2:] for f in r["failures"]]
+    lost = [p for r in rows[2:] for p in r["clients-lost"]]
+    assert set(failed) <= {2} and lost == [2], (failed, lost)
+    assert all(r["clients-ok"] == 2 for r in rows[3:])  # the others go on
+    assert result["s"]["client-failures-total"] == len(failed)
+    assert result["s"]["final-accuracy"] is not None
