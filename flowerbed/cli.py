@@ -52,10 +52,29 @@ def preflight(overrides: dict[str, Any], num_clients: int, gpus: float) -> Confi
     return cfg
 
 
+def resume_overrides(run_dir: str) -> tuple[dict[str, Any], int]:
+    """The run config and client count of the run in ``run_dir``, set to resume it."""
+    from flowerbed.config import defaults
+
+    path = Path(run_dir).expanduser().resolve()
+    try:
+        saved = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError("--resume", run_dir, f"no readable config.json in {path} ({e})") from None
+    keys = set(defaults())
+    rc = {k: v for k, v in saved.items() if k in keys}
+    rc.update({"resume": str(path), "output-dir": str(path.parent), "run-name": path.name})
+    return rc, int(saved.get("num-partitions", 0))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from flowerbed import engine
 
     overrides = _overrides(args)
+    if args.resume:  # the original run's config; -c may still change num-server-rounds & co.
+        saved, n = resume_overrides(args.resume)
+        overrides = {**saved, **overrides, "resume": saved["resume"]}
+        args.num_clients = n or args.num_clients
     cfg = preflight(overrides, args.num_clients, args.gpus_per_client)
     overrides["output-dir"] = str(Path(cfg.output_dir).resolve())
     overrides.setdefault("run-name", f"{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -174,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="one simulation through a local SuperLink and `flwr run`")
     _federation_args(r)
+    r.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its last complete round (its config and "
+                        "client count are reused; -c num-server-rounds=N extends it)")
     r.set_defaults(fn=cmd_run)
 
     c = sub.add_parser("compare", help="several methods on identical partitions and seeds")

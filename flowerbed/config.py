@@ -154,10 +154,13 @@ class Config:
     fedade_pretrain_epochs: int
     fault_fraction: float
     fault_kind: str
+    fault_crash_after: int
     fedrep_head_epochs: int
     finetune_epochs: int
     output_dir: str
     run_name: str
+    resume: str
+    client_state_dir: str
 
     @classmethod
     def from_run_config(cls, run_config: dict[str, Any] | None = None, **overrides: Any) -> Config:
@@ -188,10 +191,11 @@ class Config:
             raise ConfigError("dataset", self.dataset, f"known data sets: {', '.join(DATASETS)}")
         if self.model not in MODELS:
             raise ConfigError("model", self.model, f"known models: {', '.join(MODELS)}")
-        for key in ("fraction-train", "fraction-evaluate"):
-            v = getattr(self, key.replace("-", "_"))
-            if not 0 < v <= 1:
-                raise ConfigError(key, v, "must be in (0, 1]")
+        if not 0 < self.fraction_train <= 1:
+            raise ConfigError("fraction-train", self.fraction_train, "must be in (0, 1]")
+        if not 0 <= self.fraction_evaluate <= 1:
+            raise ConfigError("fraction-evaluate", self.fraction_evaluate,
+                              "must be in [0, 1] (0 = no client-side evaluation)")
         if not 0 <= self.local_test_fraction < 1:
             raise ConfigError("local-test-fraction", self.local_test_fraction, "must be in [0, 1)")
         positive_ints = ("num-server-rounds", "local-epochs", "batch-size", "eval-every", "min-clients",
@@ -257,8 +261,10 @@ class Config:
                               f"must be a multiple of fedade-rounds-per-step ({self.fedade_rounds_per_step})")
         if not 0 <= self.fault_fraction <= 1:
             raise ConfigError("fault-fraction", self.fault_fraction, "must be in [0, 1]")
-        if self.fault_kind not in ("raise", "nan", "shape"):
-            raise ConfigError("fault-kind", self.fault_kind, "use raise, nan or shape")
+        if self.fault_kind not in ("raise", "nan", "shape", "hang", "mixed"):
+            raise ConfigError("fault-kind", self.fault_kind, "use raise, nan, shape, hang or mixed")
+        if self.fault_crash_after < 0:
+            raise ConfigError("fault-crash-after", self.fault_crash_after, "must be >= 0 (0 = off)")
         if self.fedfew_eval not in ("server", "local"):
             raise ConfigError("fedfew-eval", self.fedfew_eval, "use server or local")
         if self.fedx_base not in FEDX_BASES:

@@ -33,6 +33,13 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """All rows of a run's metrics.jsonl."""
     path = Path(run_dir) / "metrics.jsonl"
@@ -42,14 +49,48 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 class RunDir:
     """Owns ``<output-dir>/<run-name>/``; every write is immediate, nothing is only printed."""
 
-    def __init__(self, output_dir: str, run_name: str, config: dict[str, Any]) -> None:
+    def __init__(self, output_dir: str, run_name: str, config: dict[str, Any],
+                 resume_round: int | None = None) -> None:
+        """A new run directory, or (``resume_round``) an existing one continued after that round.
+
+        A new run never overwrites a directory that already holds a run's metrics. A resumed
+        one keeps its rows up to ``resume_round``; the rows after it (written after the last
+        checkpoint, so they will be recomputed) are kept in ``metrics.before-resume-<n>.jsonl``.
+        """
         self.path = Path(output_dir).expanduser().resolve() / run_name
-        self.path.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.path / "metrics.jsonl"
-        self.metrics_path.write_text("")
-        write_json_atomic(self.path / "config.json", config)
         self.rows: list[dict[str, Any]] = []
+        if resume_round is None:
+            if self.metrics_path.exists() and self.metrics_path.stat().st_size > 0:
+                from flowerbed.config import ConfigError
+
+                raise ConfigError("run-name", run_name, f"{self.path} already holds a run; continue it "
+                                  f"with resume='{self.path}' or choose another run-name")
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.metrics_path.write_text("")
+        else:
+            self.rows = self._keep_rows(resume_round)
+            config = {**config, "resumed-after-rounds": [
+                *_read_json(self.path / "config.json").get("resumed-after-rounds", []), resume_round]}
+        write_json_atomic(self.path / "config.json", config)
         self.started = time.time()
+
+    def _keep_rows(self, resume_round: int) -> list[dict[str, Any]]:
+        text = self.metrics_path.read_text() if self.metrics_path.exists() else ""
+        rows = []
+        for line in text.splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut by the crash
+                break
+        kept = [r for r in rows if r.get("round", 0) <= resume_round]
+        if len(kept) != len(text.splitlines()):
+            n = len(list(self.path.glob("metrics.before-resume-*.jsonl"))) + 1
+            (self.path / f"metrics.before-resume-{n}.jsonl").write_text(text)
+        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+        os.replace(tmp, self.metrics_path)
+        return kept
 
     def log_round(self, row: dict[str, Any]) -> None:
         """Append one round's metrics and print the one-line progress report."""

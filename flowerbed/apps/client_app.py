@@ -5,6 +5,7 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from flowerbed import client_state
 from flowerbed.clients.base import Client
 from flowerbed.config import Config
 from flowerbed.faults import inject
@@ -26,15 +27,27 @@ def client_for(context: Context) -> Client:
     return METHODS[cfg.method].client(cfg, context)
 
 
+def _restored(client: Client, msg: Message) -> str:
+    """In a resumed run, the client's filed state goes back into context.state first."""
+    key = client_state.run_key_of(msg)
+    client_state.restore(client.cfg, client.context, key, client.partition_id, client.round_of(msg))
+    return key
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     client = client_for(context)
-    return inject(client.cfg, client.partition_id, msg, lambda: client.train(msg))
+    key = _restored(client, msg)
+    reply = inject(client.cfg, client.partition_id, msg, lambda: client.train(msg))
+    client_state.save(client.cfg, context, key, client.partition_id, client.round_of(msg))
+    return reply
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    return client_for(context).evaluate(msg)
+    client = client_for(context)
+    _restored(client, msg)
+    return client.evaluate(msg)
 
 
 @app.query("whoami")

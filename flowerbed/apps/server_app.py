@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
+from flowerbed import checkpoint, client_state, faults
 from flowerbed.config import Config, ConfigError
 from flowerbed.datasets.federated import client_partitions, test_set, train_set
 from flowerbed.registry import METHODS
@@ -28,7 +30,11 @@ def main(grid: Grid, context: Context) -> None:
     except ConfigError as e:
         log.error("%s", e)
         raise
-    run(grid, cfg)
+    try:
+        run(grid, cfg)
+    except checkpoint.CheckpointError as e:
+        log.error("%s", e)
+        raise
 
 
 def wait_for_nodes(grid: Grid, n: int, timeout: float = 120.0) -> list[int]:
@@ -61,14 +67,20 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
                           f"larger than the number of clients ({num_partitions})")
     strategy.model = method.model(cfg, train)
     device = pick_device()
-    run_dir = RunDir(cfg.output_dir, cfg.run_name or default_run_name(cfg),
+    ckpt, output_dir, run_name = _resume_point(cfg)
+    run_dir = RunDir(output_dir, run_name,
                      {**cfg.to_run_config(), "num-partitions": num_partitions,
-                      "server-device": str(device), **strategy.describe()})
+                      "server-device": str(device), **strategy.describe()},
+                     resume_round=ckpt["round"] if ckpt else None)
+    strategy.run_key = run_dir.path.name
     log.info("run directory: %s | %s on %s, %s, %d clients, server device %s", run_dir.path,
              cfg.method, cfg.dataset, cfg.partition, num_partitions, device)
 
     last = {"t": time.time()}
     best: dict[str, Any] = {"accuracy": None, "round": None}
+    for r in run_dir.rows:  # a resumed run continues the best-so-far of the rows it keeps
+        if r.get("accuracy") is not None and (best["accuracy"] is None or r["accuracy"] > best["accuracy"]):
+            best.update(accuracy=r["accuracy"], round=r["round"])
 
     def end_of_round(rnd: int, arrays: ArrayRecord) -> MetricRecord | None:
         row: dict[str, Any] = {"round": rnd, "rounds": cfg.num_server_rounds}
@@ -98,14 +110,27 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         row["seconds"] = round(now - last["t"], 3)
         last["t"] = now
         run_dir.log_round(row)
+        if rnd > 0:
+            checkpoint.save(run_dir.path, rnd, arrays, strategy.checkpoint_state(), cfg.to_run_config())
+        if rnd > 0 and rnd == cfg.fault_crash_after:
+            log.error("fault-crash-after=%d: the ServerApp dies now (checkpoint of round %d written)",
+                      rnd, rnd)
+            raise faults.SimulatedCrash(f"fault-crash-after={rnd}: the ServerApp stops after "
+                                        f"round {rnd}'s checkpoint, without a summary")
         keep = {k: v for k, v in row.items() if isinstance(v, int | float) and v is not None
                 and not isinstance(v, bool)}
         return MetricRecord({k: float(v) for k, v in keep.items()})
 
-    result = strategy.start(grid=grid, initial_arrays=strategy.initial_arrays(strategy.model),
+    arrays = strategy.initial_arrays(strategy.model)
+    if ckpt:
+        strategy.restore_state(ckpt["strategy"])
+        arrays = ckpt["arrays"]
+        checkpoint.set_rng_state(ckpt["rng"])
+        log.info("resuming %s after round %d of %d", run_dir.path, ckpt["round"], cfg.num_server_rounds)
+    result = strategy.start(grid=grid, initial_arrays=arrays,
                             num_rounds=cfg.num_server_rounds, timeout=cfg.round_timeout,
                             train_config=ConfigRecord(), evaluate_config=ConfigRecord(),
-                            evaluate_fn=end_of_round)
+                            evaluate_fn=end_of_round, first_round=ckpt["round"] + 1 if ckpt else 1)
     rows = run_dir.rows
     final = next((r for r in reversed(rows) if r.get("accuracy") is not None), {})
     summary = {
@@ -123,11 +148,26 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         "server-device": str(device),
     }
     summary = run_dir.finish(summary)
+    client_state.remove(cfg, strategy.run_key)  # clients' filed state on this machine, if any
     if strategy.model is not None and result.arrays is not None and len(result.arrays):
         torch.save(result.arrays.to_torch_state_dict(), run_dir.path / "model.pt")
     log.info("finished: final accuracy %s, summary in %s", summary["final-accuracy"],
              run_dir.path / "summary.json")
     return summary
+
+
+def _resume_point(cfg: Config) -> tuple[dict[str, Any] | None, str, str]:
+    """(checkpoint, output dir, run name): a fresh run, or the one ``resume`` names."""
+    if not cfg.resume:
+        return None, cfg.output_dir, cfg.run_name or default_run_name(cfg)
+    path = Path(cfg.resume).expanduser().resolve()
+    ckpt = checkpoint.load(path)
+    checkpoint.check_compatible(ckpt["config"], cfg.to_run_config(), path / checkpoint.FILE)
+    if ckpt["round"] >= cfg.num_server_rounds:
+        raise checkpoint.CheckpointError(
+            f"resume: {path} already finished round {ckpt['round']} of {cfg.num_server_rounds}; "
+            "raise num-server-rounds to continue it")
+    return ckpt, str(path.parent), path.name
 
 
 def fairness(accs: list[float]) -> dict[str, float]:

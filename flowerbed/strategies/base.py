@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from logging import INFO
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log as flog
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Result
 
 from flowerbed.config import Config, ConfigError
 from flowerbed.datasets.loading import DataSet
@@ -75,6 +77,9 @@ class FlowerbedFedAvg(FedAvg):
     #: ArrayRecords every training reply must carry, each compared with the sent model:
     #: "exact" (same keys and shapes) or "subset" (a subset of its keys, same shapes).
     reply_arrays: dict[str, str] = {"arrays": "exact"}
+    #: attributes that hold server state beyond the loop's arrays; saved in every checkpoint
+    #: (see :mod:`flowerbed.checkpoint`) and restored on resume
+    checkpoint_attrs: tuple[str, ...] = ()
 
     def __init__(self, cfg: Config | None = None, **fedavg_kwargs: Any) -> None:
         # A subclass that also inherits another Flower strategy (FedProx) sets self.cfg first,
@@ -93,6 +98,7 @@ class FlowerbedFedAvg(FedAvg):
         self.model: torch.nn.Module | None = None  # the global model's network, set by the ServerApp
         self._sent: list[Message] = []
         self._reference: ArrayRecord | None = None
+        self.run_key = ""  # the run directory's name: where clients file their per-round state
 
     # ------------------------------------------------------------------ nodes and sampling
     def discover(self, grid: Grid, wait_all: float = 0.0) -> int:
@@ -145,7 +151,7 @@ class FlowerbedFedAvg(FedAvg):
         """Node ids of the sampled partitions, in partition order (deterministic per seed)."""
         self.discover(grid)
         available = sorted(self.node_of)
-        if not available:
+        if not available or fraction <= 0:  # fraction-evaluate = 0: no client-side evaluation
             return []
         k = max(int(round(len(available) * fraction)), min(self.cfg.min_clients, len(available)))
         if k >= len(available):
@@ -176,6 +182,7 @@ class FlowerbedFedAvg(FedAvg):
                         grid: Grid) -> Iterable[Message]:
         self.round = RoundLog()
         config["server-round"] = server_round
+        config["run-key"] = self.run_key
         node_ids = self.sample(grid, server_round, self.fraction_train, stream=0)
         self.round.sampled = [self.partition_of[n] for n in node_ids]
         self._reference = arrays
@@ -187,6 +194,58 @@ class FlowerbedFedAvg(FedAvg):
         arrays, metrics = super().aggregate_train(server_round, replies)
         self.round.train_metrics = dict(metrics or {})
         return arrays, metrics
+
+    # ------------------------------------------------------------------ the round loop
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {a: getattr(self, a) for a in self.checkpoint_attrs}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        for a in self.checkpoint_attrs:
+            setattr(self, a, state.get(a))
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+              first_round: int = 1) -> Result:
+        """Flower's round loop (``Strategy.start``), able to begin at ``first_round`` (resume).
+
+        Same steps as Flower's: configure/send/aggregate training, then evaluation, then
+        ``evaluate_fn(round, arrays)``; round 0's evaluation only on a fresh start.
+        """
+        train_config = ConfigRecord() if train_config is None else train_config
+        evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
+        result = Result()
+        flog(INFO, "Starting %s, rounds %d..%d", type(self).__name__, first_round, num_rounds)
+        if evaluate_fn and first_round == 1:
+            res = evaluate_fn(0, initial_arrays)
+            if res is not None:
+                result.evaluate_metrics_serverapp[0] = res
+        arrays = initial_arrays
+        for rnd in range(first_round, num_rounds + 1):
+            flog(INFO, "[ROUND %s/%s]", rnd, num_rounds)
+            replies = grid.send_and_receive(
+                messages=self.configure_train(rnd, arrays, ConfigRecord(dict(train_config)), grid),
+                timeout=timeout)
+            agg_arrays, agg_metrics = self.aggregate_train(rnd, replies)
+            if agg_arrays is not None:
+                result.arrays = arrays = agg_arrays
+            if agg_metrics is not None:
+                result.train_metrics_clientapp[rnd] = agg_metrics
+            replies = grid.send_and_receive(
+                messages=self.configure_evaluate(rnd, arrays, ConfigRecord(dict(evaluate_config)),
+                                                 grid),
+                timeout=timeout)
+            agg_eval = self.aggregate_evaluate(rnd, replies)
+            if agg_eval is not None:
+                result.evaluate_metrics_clientapp[rnd] = agg_eval
+            if evaluate_fn:
+                res = evaluate_fn(rnd, arrays)
+                if res is not None:
+                    result.evaluate_metrics_serverapp[rnd] = res
+        if result.arrays is None or not len(result.arrays):
+            result.arrays = arrays
+        return result
 
     # ------------------------------------------------------------------ evaluation
     def evaluates(self, server_round: int) -> bool:
@@ -212,6 +271,7 @@ class FlowerbedFedAvg(FedAvg):
         if not self.evaluates(server_round) or self.cfg.local_test_fraction == 0:
             return []
         config["server-round"] = server_round
+        config["run-key"] = self.run_key
         node_ids = self.sample(grid, server_round, self.fraction_evaluate, stream=1)
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
         return self._messages(content, node_ids, MessageType.EVALUATE)
@@ -280,6 +340,10 @@ class FlowerbedFedAvg(FedAvg):
         if len(mrs) != 1:
             return f"expected exactly one MetricRecord, got {len(mrs)}"
         n = mrs[0].get(self.weighted_by_key)
+        if isinstance(n, list):
+            return f"metric '{self.weighted_by_key}' has the wrong shape (a list of {len(n)})"
+        if isinstance(n, float) and not np.isfinite(n):
+            return f"metric '{self.weighted_by_key}' is NaN or inf"
         if not isinstance(n, int | float) or not n > 0:
             return f"metric '{self.weighted_by_key}' missing or not positive ({n!r})"
         for k, v in mrs[0].items():

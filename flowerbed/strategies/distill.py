@@ -17,7 +17,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from flowerbed.datasets.federated import public_indices
+from flowerbed.datasets.federated import public_indices, test_set
 from flowerbed.datasets.loading import DataSet
 from flowerbed.strategies.base import FlowerbedFedAvg, metric_record
 
@@ -34,7 +34,8 @@ class DistillStrategy(FlowerbedFedAvg):
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.n_public = len(public_indices(cfg))
-        self.num_classes: int | None = None
+        test = test_set(cfg)  # cached; known before round 0 so that a resumed run has it too
+        self.num_classes, self._n_test = test.num_classes, len(test)
         self._ensemble: dict[int, tuple[float, float]] = {}
 
     # -------------------------------------------------------------- what the methods differ in
@@ -95,6 +96,7 @@ class DistillStrategy(FlowerbedFedAvg):
         if not self.evaluates(server_round):
             return []
         config["server-round"] = server_round
+        config["run-key"] = self.run_key
         node_ids = self.sample(grid, server_round, self.fraction_evaluate, stream=1)
         return self._messages(RecordDict({self.configrecord_key: config}), node_ids,
                               MessageType.EVALUATE)

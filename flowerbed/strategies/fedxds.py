@@ -24,6 +24,9 @@ SHARED = "shared"   # ArrayRecord {"x": [n, C, H, W] float16, "y": [n] int64}
 
 
 class FedXDSStrategy(FlowerbedFedAvg):
+    # D_g, which partitions already hold it, and the initial weights ("scratch" restarts from them)
+    checkpoint_attrs = ("pool", "has_pool", "_initial")
+
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.pool: ArrayRecord | None = None
@@ -90,8 +93,11 @@ class FedXDSStrategy(FlowerbedFedAvg):
         if not is_train:
             return valid, rejected
         for r in valid:
+            pid = self.partition_of.get(r.metadata.src_node_id, -1)
             if metric_record(r.content).get("has-pool") == 1:
-                self.has_pool.add(self.partition_of.get(r.metadata.src_node_id, -1))
+                self.has_pool.add(pid)
+            else:  # e.g. a client restarted without its state: it gets D_g again next time
+                self.has_pool.discard(pid)
         if self._share_round:
             # Pool the valid uploads in partition order, then strip them from the replies so
             # that FedAvg averages the models only.

@@ -24,6 +24,7 @@ CV_DELTA = "cv_delta"
 
 class ScaffoldStrategy(FlowerbedFedAvg):
     reply_arrays = {"arrays": "exact", CV_DELTA: "subset"}  # c_i covers parameters only
+    checkpoint_attrs = ("c",)  # the server control variate
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)

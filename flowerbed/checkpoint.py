@@ -1,0 +1,153 @@
+"""Server checkpoints: everything a run needs to continue after a crash, in ``<run-dir>/checkpoint.pt``.
+
+Written at the end of every round (after the round's metrics line), atomically: the new file is
+written next to the old one, flushed to disk, then renamed over it, so a crash mid-write leaves
+the previous checkpoint intact. Contents: the round, the loop's global arrays (the model, K
+models, or soft targets, depending on the method), the strategy's own state (SCAFFOLD's server
+control variate, FedXDS's pooled shared set and who holds it, ...; see each strategy's
+``checkpoint_attrs``), the server's RNG states and the run config.
+
+Loading uses ``torch.load(weights_only=True)``: tensors and plain containers only, so a crafted
+checkpoint cannot run code. Every problem (missing, truncated, corrupt, from another method or
+config, already finished) is a :class:`CheckpointError` that names the file and the problem.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord
+
+FILE = "checkpoint.pt"
+FORMAT = 1
+#: run-config keys that may differ between a run and its resumption
+RESUMABLE_CHANGES = frozenset({"resume", "run-name", "output-dir", "num-server-rounds",
+                               "round-timeout", "fault-fraction", "fault-kind", "fault-crash-after"})
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used to resume; the message names the file and the reason."""
+
+
+# ---------------------------------------------------------------------- encoding
+
+
+def encode(obj: Any) -> Any:
+    """Strategy state -> tensors and plain containers (what weights_only loading accepts)."""
+    if isinstance(obj, ArrayRecord):
+        return {"__arrayrecord__": {k: torch.from_numpy(np.array(v.numpy())) for k, v in obj.items()}}
+    if isinstance(obj, np.ndarray):
+        return {"__ndarray__": torch.from_numpy(np.array(obj))}
+    if isinstance(obj, set):
+        return {"__set__": sorted(obj)}
+    if isinstance(obj, dict):
+        return {str(k): encode(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [encode(v) for v in obj]
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot checkpoint a {type(obj).__name__}")
+
+
+def decode(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        if set(obj) == {"__arrayrecord__"}:
+            return ArrayRecord({k: Array(v.numpy()) for k, v in obj["__arrayrecord__"].items()})
+        if set(obj) == {"__ndarray__"}:
+            return obj["__ndarray__"].numpy()
+        if set(obj) == {"__set__"}:
+            return set(obj["__set__"])
+        return {k: decode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [decode(v) for v in obj]
+    return obj
+
+
+# ---------------------------------------------------------------------- RNG
+
+
+def rng_state() -> dict[str, Any]:
+    kind, keys, *rest = np.random.get_state()
+    return {"torch": torch.get_rng_state(),
+            "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), *rest],
+            "python": repr(random.getstate())}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
+    random.setstate(_literal(state["python"]))
+
+
+def _literal(text: str) -> Any:
+    import ast
+
+    return ast.literal_eval(text)
+
+
+# ---------------------------------------------------------------------- save / load
+
+
+def save(run_dir: Path, server_round: int, arrays: ArrayRecord, strategy_state: dict[str, Any],
+         config: dict[str, Any]) -> Path:
+    """Write ``<run_dir>/checkpoint.pt`` for a finished round, atomically."""
+    path = Path(run_dir) / FILE
+    payload = {"format": FORMAT, "round": int(server_round), "arrays": encode(arrays),
+               "strategy": encode(strategy_state), "rng": rng_state(),
+               "config": encode({k: v for k, v in config.items()})}
+    tmp = path.with_name(f".{FILE}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        torch.save(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def load(run_dir: Path) -> dict[str, Any]:
+    """The checkpoint of ``run_dir``, decoded and checked; raises :class:`CheckpointError`."""
+    run_dir = Path(run_dir)
+    path = run_dir / FILE
+    if not run_dir.is_dir():
+        raise CheckpointError(f"resume: {run_dir} is not a run directory")
+    if not path.is_file():
+        raise CheckpointError(f"resume: {path} does not exist (a run writes it after each round; "
+                              "did the run finish round 1?)")
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - truncated zip, pickle errors, forbidden globals...
+        raise CheckpointError(f"resume: {path} is corrupt or truncated ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:200]})") from None
+    missing = {"format", "round", "arrays", "strategy", "rng", "config"} - set(raw) \
+        if isinstance(raw, dict) else {"everything"}
+    if missing:
+        raise CheckpointError(f"resume: {path} is not a flowerbed checkpoint (missing {sorted(missing)})")
+    if raw["format"] != FORMAT:
+        raise CheckpointError(f"resume: {path} has format {raw['format']}, this flowerbed reads {FORMAT}")
+    if not isinstance(raw["round"], int) or raw["round"] < 1:
+        raise CheckpointError(f"resume: {path} holds round {raw['round']!r}, expected an integer >= 1")
+    try:
+        out = {k: decode(raw[k]) for k in ("arrays", "strategy", "config")}
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"resume: {path} holds malformed state ({e})") from None
+    return {**out, "round": raw["round"], "rng": raw["rng"]}
+
+
+def check_compatible(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
+    """A resumed run must be the same experiment: only :data:`RESUMABLE_CHANGES` may differ."""
+    diff = sorted(k for k in set(saved) | set(current)
+                  if k not in RESUMABLE_CHANGES and saved.get(k) != current.get(k))
+    if diff:
+        shown = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in diff[:5])
+        raise CheckpointError(f"resume: the run config differs from the checkpoint's in {shown} "
+                              f"({path}); pass the original run config again (it is in the run's "
+                              f"config.json; `flowerbed run --resume <run-dir>` does that), only "
+                              f"{sorted(RESUMABLE_CHANGES)} may change")

@@ -1,0 +1,108 @@
+"""Client state that survives a server crash: ``context.state`` filed per round, restored on resume.
+
+Flower keeps a client's ``context.state`` for one run; a resumed run is a new Flower run with empty
+contexts. Methods whose clients keep state between rounds (SCAFFOLD's c_i, FedBYOL's target, FedU's
+local model, FedCC/FedDF/FedMD's models, FedRep's head, Local's model, FedXDS's D_g, Fed-ADE's
+personal layers and estimator buffers) therefore file it after every training round, on the
+client's own machine, under ``<client-state-dir>/<run-key>/partition-<i>/round-<r>.pt`` (the last
+two rounds are kept). In a resumed run, the first message a client gets from round r restores the
+newest file from before round r; methods without client state write nothing.
+
+``run-key`` is the run directory's name, sent by the server in every message's config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
+
+from flowerbed import cache_root
+from flowerbed.checkpoint import decode, encode
+from flowerbed.config import Config
+
+log = logging.getLogger("flowerbed")
+RESTORED = "flowerbed.restored"  # our marker in context.state: restore was done for this run
+KEEP = 2
+
+
+def root(cfg: Config) -> Path:
+    return Path(cfg.client_state_dir).expanduser() if cfg.client_state_dir else cache_root() / "client-state"
+
+
+def folder(cfg: Config, run_key: str, partition_id: int) -> Path:
+    if not run_key or "/" in run_key or run_key in (".", ".."):
+        raise ValueError(f"bad run-key {run_key!r}")
+    return root(cfg) / run_key / f"partition-{partition_id}"
+
+
+def _records(context: Context) -> dict:
+    st = context.state
+    return {"arrays": {k: v for k, v in st.array_records.items()},
+            "configs": {k: dict(v) for k, v in st.config_records.items() if k != RESTORED},
+            "metrics": {k: dict(v) for k, v in st.metric_records.items()}}
+
+
+def save(cfg: Config, context: Context, run_key: str, partition_id: int, server_round: int) -> None:
+    """File this client's state after training in ``server_round`` (nothing if it has none)."""
+    recs = _records(context)
+    if not run_key or not any(recs.values()):
+        return
+    d = folder(cfg, run_key, partition_id)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".round-{server_round}.{os.getpid()}.tmp"
+    torch.save(encode(recs), tmp)
+    os.replace(tmp, d / f"round-{server_round}.pt")
+    for old in sorted(_rounds(d))[:-KEEP]:
+        with contextlib.suppress(OSError):
+            (d / f"round-{old}.pt").unlink()
+
+
+def _rounds(d: Path) -> list[int]:
+    return [int(m.group(1)) for p in d.glob("round-*.pt") if (m := re.fullmatch(r"round-(\d+)\.pt", p.name))]
+
+
+def restore(cfg: Config, context: Context, run_key: str, partition_id: int, server_round: int) -> int | None:
+    """In a resumed run, put back the newest state filed before ``server_round``; returns its round.
+
+    Runs once per client and run (a marker in ``context.state`` remembers it was done).
+    """
+    if not cfg.resume or RESTORED in context.state.config_records or not run_key:
+        return None
+    context.state[RESTORED] = ConfigRecord({"round": server_round})
+    d = folder(cfg, run_key, partition_id)
+    earlier = [r for r in _rounds(d) if r < server_round] if d.is_dir() else []
+    if not earlier:
+        return None
+    r = max(earlier)
+    try:
+        recs = decode(torch.load(d / f"round-{r}.pt", map_location="cpu", weights_only=True))
+    except Exception as e:  # noqa: BLE001 - a damaged file: start this client fresh, loudly
+        log.warning("partition %d: cannot read its state %s (%s); it starts without it",
+                    partition_id, d / f"round-{r}.pt", e)
+        return None
+    for k, v in recs["arrays"].items():
+        context.state[k] = v if isinstance(v, ArrayRecord) else ArrayRecord(v)
+    for k, v in recs["configs"].items():
+        context.state[k] = ConfigRecord(v)
+    for k, v in recs["metrics"].items():
+        context.state[k] = MetricRecord(v)
+    log.info("partition %d: restored its state from round %d (%s)", partition_id, r, d)
+    return r
+
+
+def run_key_of(msg: Message) -> str:
+    cfg = msg.content.config_records.get("config")
+    return str(cfg.get("run-key", "")) if cfg is not None else ""
+
+
+def remove(cfg: Config, run_key: str) -> None:
+    """Delete a finished run's filed client state on this machine."""
+    if run_key:
+        shutil.rmtree(root(cfg) / run_key, ignore_errors=True)

@@ -1,0 +1,77 @@
+"""An in-process Grid for tests of our own round logic: the real ServerApp ``run`` and the real
+ClientApp, without Flower's transport (messages are deep-copied as serialisation would).
+
+Used where a matrix over every method would be too slow through real engines (resume equality,
+each fault kind); the real engines are covered by test_e2e.py and test_deploy.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import uuid
+from collections.abc import Iterable
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.serverapp import Grid
+
+from flowerbed.apps import client_app, server_app
+from flowerbed.config import Config
+
+
+class LocalGrid(Grid):
+    def __init__(self, run_config: dict, num_nodes: int) -> None:
+        self.contexts = {
+            1000 + i: Context(run_id=1, node_id=1000 + i,
+                              node_config={"partition-id": i, "num-partitions": num_nodes},
+                              state=RecordDict(), run_config=dict(run_config))
+            for i in range(num_nodes)}
+
+    def set_run(self, run) -> None:  # noqa: D102
+        pass
+
+    @property
+    def run(self):  # noqa: D102
+        return None
+
+    def create_message(self, *a, **k):  # noqa: D102
+        raise NotImplementedError
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def push_messages(self, messages):  # noqa: D102
+        raise NotImplementedError
+
+    def pull_messages(self, message_ids):  # noqa: D102
+        raise NotImplementedError
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
+                         ) -> Iterable[Message]:
+        replies = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            ctx = self.contexts[msg.metadata.dst_node_id]
+            box: list[Message] = []
+            worker = threading.Thread(target=lambda m=msg, c=ctx, b=box: b.append(self._call(m, c)),
+                                      daemon=True)
+            worker.start()
+            worker.join(timeout)  # per message: a hanging client does not starve the others
+            if box:
+                replies.append(box[0])
+        return replies
+
+    @staticmethod
+    def _call(msg: Message, ctx: Context) -> Message:
+        incoming = copy.deepcopy(msg)
+        try:
+            reply = client_app.app(incoming, ctx)
+        except Exception as e:  # noqa: BLE001 - what Flower's runtime turns into an error reply
+            return Message(error=Error(code=2, reason=f"{type(e).__name__}: {e}"), reply_to=incoming)
+        return copy.deepcopy(reply)
+
+
+def run_inprocess(run_config: dict, num_nodes: int) -> dict:
+    """The ServerApp's whole run against in-process clients; returns summary.json's content."""
+    cfg = Config.from_run_config(run_config)
+    return server_app.run(LocalGrid(cfg.to_run_config(), num_nodes), cfg)

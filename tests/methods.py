@@ -1,0 +1,16 @@
+"""Per-method run-config additions that let every method run on tiny data in tests."""
+
+EXTRA = {
+    "fedcc": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},
+    "feddf": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},
+    "fedmd": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},
+    "fedx": {"fedx-base": "simclr", "probe-every": 2, "probe-epochs": 2, "local-test-fraction": 0.0},
+    "fedsimclr": {"probe-every": 2, "probe-epochs": 2, "local-test-fraction": 0.0},
+    "fedbyol": {"probe-every": 2, "probe-epochs": 2, "local-test-fraction": 0.0},
+    "fedu": {"probe-every": 2, "probe-epochs": 2, "local-test-fraction": 0.0},
+    "fedxds": {"fedxds-warmup-rounds": 1, "fedxds-share-fraction": 0.2},
+    "fedade": {"fedade-rounds-per-step": 1, "fedade-batch": 20, "fedade-pretrain-epochs": 1,
+               "train-samples": 2000, "min-partition-size": 6},
+    **{m: {"num-models": 2, "local-test-fraction": 0.25, "partition": "pathological:2"}
+       for m in ("fedfew", "ifca", "fedrep", "local", "fedavg-ft")},
+}

@@ -1,0 +1,173 @@
+"""Checkpoint and resume, fault injection and hostile input, for every method.
+
+The every-method matrices run the real ServerApp ``run`` and the real ClientApp in-process
+(tests/inprocess.py) so that they fit in CI; real engines: a run killed and resumed through
+``flwr run`` below, every method on the deployment engine in test_deploy.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from inprocess import run_inprocess
+from methods import EXTRA
+
+from flowerbed import checkpoint, engine, faults
+from flowerbed.config import Config, ConfigError
+from flowerbed.registry import METHODS
+from flowerbed.results import read_metrics
+
+TINY = {"num-server-rounds": 2, "train-samples": 600, "test-samples": 200, "min-clients": 2,
+        "batch-size": 64}
+
+
+def rows_of(path):
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in read_metrics(path)]
+
+
+def config(tmp_path, method, name, **more):
+    return {**TINY, **EXTRA.get(method, {}), "method": method, "output-dir": str(tmp_path),
+            "run-name": name, "client-state-dir": str(tmp_path / "client-state"), **more}
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_killed_and_resumed_equals_uninterrupted(tmp_path, method):
+    """Crash right after round 1's checkpoint, resume: the same metrics as a run that never
+    stopped (server state from the checkpoint, client state from the clients' filed state)."""
+    full = run_inprocess(config(tmp_path, method, "full"), 3)
+    with pytest.raises(faults.SimulatedCrash):
+        run_inprocess(config(tmp_path, method, "halt", **{"fault-crash-after": 1}), 3)
+    assert [r["round"] for r in read_metrics(tmp_path / "halt")] == [0, 1]
+    resumed = run_inprocess(config(tmp_path, method, "halt", resume=str(tmp_path / "halt")), 3,
+                            )
+    assert rows_of(tmp_path / "halt") == rows_of(tmp_path / "full")
+    assert resumed["final-accuracy"] == full["final-accuracy"]
+    assert json.loads((tmp_path / "halt" / "config.json").read_text())["resumed-after-rounds"] == [1]
+    assert not (tmp_path / "client-state" / "halt").exists()  # filed client state is cleaned up
+
+
+def mixed_faults_cover_every_kind(cfg: Config, clients: int) -> set[str]:
+    return {faults.kind_of(cfg, p, r) for r in range(1, cfg.num_server_rounds + 1)
+            for p in range(clients) if faults.chosen(cfg, p, r)}
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_fault_kind_for_every_method(tmp_path, method):
+    """Clients that raise, send NaN, send wrong shapes, or never answer: the run goes on while
+    enough clients answer, and metrics.jsonl counts and names the failures per round."""
+    # seed 4, 4 clients, 2 rounds: two faults per round that cover all four kinds
+    rc = config(tmp_path, method, "faults", **{"fault-fraction": 0.5, "seed": 4,
+                                               "fault-kind": "mixed", "round-timeout": 3.0})
+    cfg = Config.from_run_config(rc)
+    assert mixed_faults_cover_every_kind(cfg, 4) == set(faults.KINDS)  # the test's premise
+    summary = run_inprocess(rc, 4)
+    rows = read_metrics(tmp_path / "faults")[1:]
+    reasons = " | ".join(f["reason"] for r in rows for f in r["failures"])
+    expected = sum(faults.chosen(cfg, p, r) for r in (1, 2) for p in range(4))
+    assert summary["client-failures-total"] == expected, reasons
+    assert all(r["clients-ok"] + r["clients-failed"] == r["clients-sampled"] for r in rows)
+    for needle in ("injected fault", "NaN", "shape", "no reply before timeout"):
+        assert needle in reasons, (needle, reasons)
+
+
+# ---------------------------------------------------------------------- hostile input
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    from flwr.app import Array, ArrayRecord
+
+    arrays = ArrayRecord({"w": Array(torch.ones(3).numpy())})
+    checkpoint.save(tmp_path, 1, arrays, {"c": {"w": torch.zeros(3).numpy()}}, {"seed": 0})
+
+    def dies_mid_write(obj, f):
+        f.write(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt("killed while writing")
+
+    monkeypatch.setattr(torch, "save", dies_mid_write)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(tmp_path, 2, arrays, {}, {"seed": 0})
+    monkeypatch.undo()
+    ck = checkpoint.load(tmp_path)  # the previous checkpoint is intact
+    assert ck["round"] == 1 and (ck["strategy"]["c"]["w"] == 0).all()
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("truncate", "corrupt or truncated"), ("garbage", "corrupt or truncated"),
+    ("not-ours", "not a flowerbed checkpoint"), ("missing", "does not exist")])
+def test_damaged_checkpoint_is_a_clear_error(tmp_path, damage, message):
+    from flwr.app import Array, ArrayRecord
+
+    path = checkpoint.save(tmp_path, 1, ArrayRecord({"w": Array(torch.ones(300).numpy())}), {}, {})
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:200])
+    elif damage == "garbage":
+        path.write_bytes(b"\x00" * 1000)
+    elif damage == "not-ours":
+        torch.save({"state_dict": {}}, path)
+    else:
+        path.unlink()
+    with pytest.raises(checkpoint.CheckpointError, match=message):
+        checkpoint.load(tmp_path)
+
+
+def test_checkpoint_cannot_run_code(tmp_path):
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (exec, ("raise SystemExit('pwned')",))
+
+    (tmp_path / checkpoint.FILE).write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(checkpoint.CheckpointError, match="corrupt"):
+        checkpoint.load(tmp_path)
+
+
+def test_resume_refuses_another_experiment_and_finished_runs(tmp_path):
+    run_inprocess(config(tmp_path, "fedavg", "done"), 2)
+    before = (tmp_path / "done" / "metrics.jsonl").read_text()
+    with pytest.raises(checkpoint.CheckpointError, match="lr: 0.01 -> 0.1"):
+        run_inprocess(config(tmp_path, "fedavg", "done", resume=str(tmp_path / "done"), lr=0.1),
+                      2)
+    with pytest.raises(checkpoint.CheckpointError, match="already finished round 2 of 2"):
+        run_inprocess(config(tmp_path, "fedavg", "done", resume=str(tmp_path / "done")), 2)
+    with pytest.raises(ConfigError, match="already holds a run"):  # no silent overwrite
+        run_inprocess(config(tmp_path, "fedavg", "done"), 2)
+    assert (tmp_path / "done" / "metrics.jsonl").read_text() == before  # nothing lost
+    # extending a finished run is a resume with more rounds
+    run_inprocess(config(tmp_path, "fedavg", "done", resume=str(tmp_path / "done"),
+                         **{"num-server-rounds": 3}), 2)
+    assert [r["round"] for r in read_metrics(tmp_path / "done")] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("lr", -1.0, "lr"), ("num-server-rounds", "three", "num-server-rounds"),
+    ("fault-kind", "explode", "fault-kind"), ("fault-crash-after", -2, "fault-crash-after"),
+    ("round-timeout", 0, "round-timeout")])
+def test_bad_run_config_values_are_refused(key, value, match):
+    with pytest.raises(ConfigError, match=match):
+        Config.from_run_config({key: value})
+
+
+def test_oversized_and_malformed_replies_are_refused_not_fatal(tmp_path):
+    """A reply with an extra, huge array (or wrong shapes) is rejected; the round goes on."""
+    rc = config(tmp_path, "fedavg", "big", **{"fault-fraction": 0.4, "fault-kind": "shape"})
+    s = run_inprocess(rc, 3)
+    rows = read_metrics(tmp_path / "big")[1:]
+    assert s["client-failures-total"] >= 1 and all(r["clients-ok"] >= 1 for r in rows)
+
+
+def test_flwr_run_killed_then_resumed_through_the_real_engine(superlink, tmp_path):
+    """The real path: `flwr run` whose ServerApp dies after round 1, then `resume=<run-dir>`."""
+    home, conn = superlink
+    fed = engine.federation_config(num_supernodes=3, cpus_per_client=1)
+    rc = config(tmp_path, "scaffold", "real", **{"num-server-rounds": 3, "fault-crash-after": 1})
+    with pytest.raises(engine.RunFailed):
+        engine.flwr_run(home, conn, rc, fed, log_file=tmp_path / "1.log")
+    assert [r["round"] for r in read_metrics(tmp_path / "real")] == [0, 1]
+    rc.update({"fault-crash-after": 0, "resume": str(tmp_path / "real")})
+    s = engine.flwr_run(home, conn, rc, fed, log_file=tmp_path / "2.log")
+    rows = read_metrics(tmp_path / "real")
+    assert [r["round"] for r in rows] == [0, 1, 2, 3] and s["final-accuracy"] is not None
+    assert "restored its state from round 1" in (tmp_path / "2.log").read_text()
