@@ -25,7 +25,7 @@ def test_defaults_come_from_pyproject():
     ("partition", "iid:3", "takes no parameter"),
     ("fraction-train", 0.0, "(0, 1]"),
     ("fraction-train", 1.5, "(0, 1]"),
-    ("fraction-evaluate", -0.1, "(0, 1]"),
+    ("fraction-evaluate", -0.1, "[0, 1]"),
     ("local-test-fraction", 1.0, "[0, 1)"),
     ("lr", 0.0, "> 0"),
     ("lr", float("nan"), "> 0"),

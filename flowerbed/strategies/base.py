@@ -182,7 +182,8 @@ class FlowerbedFedAvg(FedAvg):
                         grid: Grid) -> Iterable[Message]:
         self.round = RoundLog()
         config["server-round"] = server_round
-        config["run-key"] = self.run_key
+        if self.run_key:  # (Flower cannot count the bytes of an empty string)
+            config["run-key"] = self.run_key
         node_ids = self.sample(grid, server_round, self.fraction_train, stream=0)
         self.round.sampled = [self.partition_of[n] for n in node_ids]
         self._reference = arrays
@@ -271,7 +272,8 @@ class FlowerbedFedAvg(FedAvg):
         if not self.evaluates(server_round) or self.cfg.local_test_fraction == 0:
             return []
         config["server-round"] = server_round
-        config["run-key"] = self.run_key
+        if self.run_key:  # (Flower cannot count the bytes of an empty string)
+            config["run-key"] = self.run_key
         node_ids = self.sample(grid, server_round, self.fraction_evaluate, stream=1)
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
         return self._messages(content, node_ids, MessageType.EVALUATE)

@@ -96,7 +96,8 @@ class DistillStrategy(FlowerbedFedAvg):
         if not self.evaluates(server_round):
             return []
         config["server-round"] = server_round
-        config["run-key"] = self.run_key
+        if self.run_key:  # (Flower cannot count the bytes of an empty string)
+            config["run-key"] = self.run_key
         node_ids = self.sample(grid, server_round, self.fraction_evaluate, stream=1)
         return self._messages(RecordDict({self.configrecord_key: config}), node_ids,
                               MessageType.EVALUATE)

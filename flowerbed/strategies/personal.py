@@ -42,7 +42,8 @@ class PersonalStrategy(FlowerbedFedAvg):
         if not self.evaluates(server_round):
             return []
         config["server-round"] = server_round
-        config["run-key"] = self.run_key
+        if self.run_key:  # (Flower cannot count the bytes of an empty string)
+            config["run-key"] = self.run_key
         content = self.eval_content(arrays)
         content[self.configrecord_key] = config
         node_ids = self.sample(grid, server_round, self.fraction_evaluate, stream=1)
