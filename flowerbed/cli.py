@@ -98,7 +98,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         preflight({**overrides, **parse_variant(m)[1]}, args.num_clients, args.gpus_per_client)
     table = compare(methods, overrides, num_clients=args.num_clients,
                     cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
-                    out=Path(args.out) if args.out else None)
+                    out=Path(args.out) if args.out else None, resume=args.resume)
     print(table)
     return 0
 
@@ -206,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--rounds", type=int, default=20)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--out", default=None, help="output folder (default runs/compare-<time>)")
+    c.add_argument("--resume", action="store_true",
+                   help="with --out of an earlier compare: keep finished runs, resume stopped ones")
     _federation_args(c)
     c.set_defaults(fn=cmd_compare)
 

@@ -79,6 +79,9 @@ def restore(cfg: Config, context: Context, run_key: str, partition_id: int, serv
     d = folder(cfg, run_key, partition_id)
     earlier = [r for r in _rounds(d) if r < server_round] if d.is_dir() else []
     if not earlier:
+        log.info("partition %d: no filed state from before round %d in %s (its method keeps none, "
+                 "or it was lost: then it starts from the method's initial state)",
+                 partition_id, server_round, d)
         return None
     r = max(earlier)
     try:

@@ -32,10 +32,12 @@ def run_label(spec: str) -> str:
 
 def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
             cpus_per_client: float = 1.0, gpus_per_client: float = 0.0,
-            out: Path | None = None) -> str:
+            out: Path | None = None, resume: bool = False) -> str:
     """Run each method with the same run config (partition, seed, rounds...) and tabulate.
 
-    ``methods`` are names or variants (:func:`parse_variant`). Writes ``<out>/<label>/`` run
+    ``methods`` are names or variants (:func:`parse_variant`). With ``resume`` (an existing
+    ``out``), a method whose run finished is kept, one that stopped continues from its
+    checkpoint, one that never started runs. Writes ``<out>/<label>/`` run
     directories, ``results.json``, ``table.md`` and
     ``accuracy.png`` (every method's curve); returns the markdown table.
     """
@@ -48,7 +50,21 @@ def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
             _, variant = parse_variant(m)
             name = run_label(m)
             rc = {**overrides, **variant, "output-dir": str(out), "run-name": name}
-            log.info("compare: %s", m)
+            run_dir = out / name
+            if resume and (run_dir / "summary.json").exists():
+                log.info("compare: %s finished before; kept", m)
+                results[m] = json.loads((run_dir / "summary.json").read_text())
+                continue
+            if resume and (run_dir / "checkpoint.pt").exists():
+                rc["resume"] = str(run_dir)
+            elif run_dir.exists():  # a fresh comparison into an old folder: keep the old run aside
+                stamp, n = time.strftime("%Y%m%d-%H%M%S"), 1
+                while (aside := run_dir.with_name(f"{name}.old-{stamp}" + (f"-{n}" if n > 1 else ""))
+                       ).exists():
+                    n += 1
+                run_dir.rename(aside)
+                log.warning("compare: an earlier %s run was moved to %s", m, aside)
+            log.info("compare: %s%s", m, " (resumed)" if "resume" in rc else "")
             try:
                 results[m] = engine.flwr_run(home, conn, rc, fed, log_file=out / f"{name}.log")
             except engine.RunFailed as e:  # keep the other methods' results

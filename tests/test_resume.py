@@ -171,3 +171,49 @@ def test_flwr_run_killed_then_resumed_through_the_real_engine(superlink, tmp_pat
     rows = read_metrics(tmp_path / "real")
     assert [r["round"] for r in rows] == [0, 1, 2, 3] and s["final-accuracy"] is not None
     assert "restored its state from round 1" in (tmp_path / "2.log").read_text()
+
+
+def test_cli_resume_reuses_the_runs_config(tmp_path, monkeypatch):
+    """`flowerbed run --resume DIR`: the original run config and client count, resume set."""
+    from flowerbed import cli
+
+    run_inprocess(config(tmp_path, "scaffold", "r", lr=0.02, **{"num-server-rounds": 1}), 3)
+    rc, n = cli.resume_overrides(str(tmp_path / "r"))
+    assert n == 3 and rc["lr"] == 0.02 and rc["method"] == "scaffold"
+    assert rc["resume"] == str(tmp_path / "r") and rc["run-name"] == "r"
+    with pytest.raises(ConfigError, match="no readable config.json"):
+        cli.resume_overrides(str(tmp_path / "nothing-here"))
+
+
+def test_compare_resume_keeps_finished_and_resumes_stopped(tmp_path, monkeypatch):
+    """The launcher's --resume decides per method (engine calls replaced: our own logic only)."""
+    from flowerbed import compare as cmp
+
+    for name, files in (("fedavg", ["summary.json", "checkpoint.pt"]), ("fedprox", ["checkpoint.pt"]),
+                        ("scaffold", [])):
+        (tmp_path / name).mkdir()
+        for f in files:
+            (tmp_path / name / f).write_text(json.dumps({"final-accuracy": 0.5}))
+        (tmp_path / name / "metrics.jsonl").write_text('{"round": 0}\n')
+    calls = {}
+
+    def fake_run(home, conn, rc, fed, **kw):
+        calls[rc["run-name"]] = rc.get("resume")
+        (tmp_path / rc["run-name"]).mkdir(exist_ok=True)
+        (tmp_path / rc["run-name"] / "metrics.jsonl").write_text('{"round": 0}\n')
+        return {"final-accuracy": 0.6}
+
+    class NoSuperLink:
+        def __enter__(self):
+            return tmp_path, "c"
+
+        def __exit__(self, *a):
+            return False
+
+    monkeypatch.setattr(cmp.engine, "flwr_run", fake_run)
+    monkeypatch.setattr(cmp.engine, "local_superlink", lambda *a, **k: NoSuperLink())
+    cmp.compare(["fedavg", "fedprox", "scaffold"], {"seed": 0}, 2, out=tmp_path, resume=True)
+    assert calls == {"fedprox": str(tmp_path / "fedprox"), "scaffold": None}
+    cmp.compare(["scaffold"], {"seed": 0}, 2, out=tmp_path)  # fresh: the old run is moved aside
+    assert calls["scaffold"] is None
+    assert list(tmp_path.glob("scaffold.old-*"))
