@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from inprocess import run_inprocess
@@ -159,18 +160,35 @@ def test_oversized_and_malformed_replies_are_refused_not_fatal(tmp_path):
 
 
 def test_flwr_run_killed_then_resumed_through_the_real_engine(superlink, tmp_path):
-    """The real path: `flwr run` whose ServerApp dies after round 1, then `resume=<run-dir>`."""
+    """The real path (simulation engine): `flwr run` whose ServerApp dies after round 1, then
+    `resume=<run-dir>`, gives the metrics of an uninterrupted `flwr run`."""
     home, conn = superlink
     fed = engine.federation_config(num_supernodes=3, cpus_per_client=1)
-    rc = config(tmp_path, "scaffold", "real", **{"num-server-rounds": 3, "fault-crash-after": 1})
+    engine.flwr_run(home, conn, config(tmp_path, "scaffold", "full"), fed, log_file=tmp_path / "0.log")
+    rc = config(tmp_path, "scaffold", "halt", **{"fault-crash-after": 1})
     with pytest.raises(engine.RunFailed):
         engine.flwr_run(home, conn, rc, fed, log_file=tmp_path / "1.log")
-    assert [r["round"] for r in read_metrics(tmp_path / "real")] == [0, 1]
-    rc.update({"fault-crash-after": 0, "resume": str(tmp_path / "real")})
-    s = engine.flwr_run(home, conn, rc, fed, log_file=tmp_path / "2.log")
-    rows = read_metrics(tmp_path / "real")
-    assert [r["round"] for r in rows] == [0, 1, 2, 3] and s["final-accuracy"] is not None
+    assert [r["round"] for r in read_metrics(tmp_path / "halt")] == [0, 1]
+    rc.update({"fault-crash-after": 0, "resume": str(tmp_path / "halt")})
+    engine.flwr_run(home, conn, rc, fed, log_file=tmp_path / "2.log")
+    assert rows_of(tmp_path / "halt") == rows_of(tmp_path / "full")
     assert "restored its state from round 1" in (tmp_path / "2.log").read_text()
+
+
+def test_unexpected_or_oversized_arrays_are_refused():
+    from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+
+    from flowerbed.strategies.base import FlowerbedFedAvg
+
+    s = FlowerbedFedAvg(Config.from_run_config({}))
+    sent = ArrayRecord({"w": Array(np.zeros((3, 3), np.float32))})
+    s._reference = sent
+    ok = RecordDict({"arrays": sent, "m": MetricRecord({"num-examples": 5})})
+    assert s.check_arrays(ok) is None
+    junk = RecordDict({**dict(ok.items()), "junk": ArrayRecord({"x": Array(np.zeros(10**6, np.float32))})})
+    assert "unexpected ArrayRecords ['junk']" in s.check_arrays(junk)
+    bigger = RecordDict({"arrays": ArrayRecord({"w": Array(np.zeros((3, 4), np.float32))})})
+    assert "ArrayRecord 'arrays'" in s.check_arrays(bigger)
 
 
 def test_cli_resume_reuses_the_runs_config(tmp_path, monkeypatch):
