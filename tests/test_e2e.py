@@ -25,11 +25,7 @@ def run(superlink, tmp_path, name, **overrides):
     return engine.flwr_run(home, conn, rc, FED, log_file=tmp_path / f"{name}.log")
 
 
-def strip_timing(rows):
-    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
-
-
-def test_fedavg_end_to_end_and_deterministic(superlink, tmp_path):
+def test_fedavg_end_to_end(superlink, tmp_path):
     s1 = run(superlink, tmp_path, "a", method="fedavg")
     rows = read_metrics(tmp_path / "a")
     assert [r["round"] for r in rows] == [0, 1, 2]
@@ -42,8 +38,8 @@ def test_fedavg_end_to_end_and_deterministic(superlink, tmp_path):
     for f in ("config.json", "metrics.jsonl", "summary.json", "accuracy.png", "model.pt"):
         assert (tmp_path / "a" / f).is_file()
     assert json.loads((tmp_path / "a" / "config.json").read_text())["num-partitions"] == 3
-    run(superlink, tmp_path, "b", method="fedavg")
-    assert strip_timing(read_metrics(tmp_path / "b")) == strip_timing(rows)
+    # determinism across runs: test_resume.py compares an uninterrupted `flwr run` with a killed
+    # and resumed one, metric for metric
 
 
 def test_fedx_over_byol_end_to_end_with_probe(superlink, tmp_path):

@@ -60,7 +60,7 @@ def test_every_fault_kind_for_every_method(tmp_path, method):
     enough clients answer, and metrics.jsonl counts and names the failures per round."""
     # seed 4, 4 clients, 2 rounds: two faults per round that cover all four kinds
     rc = config(tmp_path, method, "faults", **{"fault-fraction": 0.5, "seed": 4,
-                                               "fault-kind": "mixed", "round-timeout": 3.0})
+                                               "fault-kind": "mixed", "round-timeout": 2.0})
     cfg = Config.from_run_config(rc)
     assert mixed_faults_cover_every_kind(cfg, 4) == set(faults.KINDS)  # the test's premise
     summary = run_inprocess(rc, 4)
