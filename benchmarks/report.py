@@ -63,6 +63,11 @@ def render() -> str:
             extra = ""
             if name == "fedx":
                 extra = f"\n\nRandom-init encoder probe (the floor): {_pct(d['random-init-probe'])}."
+            if name == "fedade" and "steps" in d:
+                extra = (f"\n\nThis run: {d['steps']} time steps x {d['rounds-per-step']} rounds, "
+                         f"settings {', '.join(d['settings'])} (the script's defaults: 20 x 2, "
+                         "label/lin, label/ber and covariate/lin); 10 clients, the same streams "
+                         "and seeds for every variant.")
             if name == "fedxds":
                 extra = ("\n\nRound at which each first reaches FedAvg's final accuracy: "
                          f"{d['rounds-to-fedavg-final']}")
