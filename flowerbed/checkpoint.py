@@ -14,6 +14,7 @@ config, already finished) is a :class:`CheckpointError` that names the file and 
 
 from __future__ import annotations
 
+import ast
 import os
 import random
 from pathlib import Path
@@ -84,13 +85,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     kind, keys, *rest = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
-    random.setstate(_literal(state["python"]))
-
-
-def _literal(text: str) -> Any:
-    import ast
-
-    return ast.literal_eval(text)
+    random.setstate(ast.literal_eval(state["python"]))
 
 
 # ---------------------------------------------------------------------- save / load

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from flowerbed import certs
-from flowerbed.engine import PROJECT, _alive, _bin, flwr_env, flwr_run, free_port, toml_value
+from flowerbed.engine import PROJECT, _alive, _bin, flwr_env, flwr_run, free_port, stop_group, toml_value
 
 log = logging.getLogger("flowerbed")
 
@@ -254,20 +254,6 @@ def wait_online(dep: Deployment, n: int, timeout: float = 90.0) -> None:
                       f"(logs in {dep.home / 'logs'})")
 
 
-def stop_pid(pid: int, timeout: float = 15.0) -> None:
-    """SIGTERM the process group ``pid`` leads, then SIGKILL what is left."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
-        t0 = time.time()
-        while time.time() - t0 < timeout and _alive(pid):
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            time.sleep(0.2)
-        if not _alive(pid):
-            return
-
-
 def kill_node(dep: Deployment, i: int, sig: int = signal.SIGTERM) -> None:
     """Stop SuperNode ``i`` (a dropout); the rest of the deployment keeps running."""
     pid = dep.pids[f"supernode-{i}"]
@@ -279,7 +265,7 @@ def down(dep: Deployment) -> list[str]:
     """Stop every process this deployment started (SuperNodes first); returns their names."""
     stopped = []
     for name in sorted(dep.pids, key=lambda n: n == "superlink"):
-        stop_pid(dep.pids[name])
+        stop_group(dep.pids[name])
         stopped.append(name)
     with contextlib.suppress(FileNotFoundError):
         (dep.home / "pids.json").unlink()

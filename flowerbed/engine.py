@@ -104,15 +104,21 @@ def superlink_down(home: Path | None = None) -> int | None:
     if not pid_file.exists():
         return None
     pid = int(pid_file.read_text())
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, sig)
-        for _ in range(50):
-            if not _alive(pid):
-                break
-            time.sleep(0.2)
+    stop_group(pid, timeout=10.0)
     pid_file.unlink()
     return pid
+
+
+def stop_group(pid: int, timeout: float = 15.0) -> None:
+    """SIGTERM the process group ``pid`` leads, wait, then SIGKILL whatever of it is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        t0 = time.time()
+        while time.time() - t0 < timeout and _alive(pid):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
+            time.sleep(0.2)
 
 
 def _alive(pid: int) -> bool:
