@@ -5,7 +5,17 @@ method; 10 clients; the distillation methods use two CNN widths (half the client
 the full-width CNN. Targets (issue #4): with pathological:1, FedCC >= 50 %, >= FedDF + 20 pp and
 >= FedAvg + 20 pp; with dirichlet:0.05 and pathological:2, FedCC >= FedDF; FedCC's upload per
 client per round <= 1/10 of FedAvg's.
-Usage: .venv/bin/python -m benchmarks.fedcc [--rounds 10] [--train-samples 30000]
+
+Epochs: the paper runs 20 epochs per stage for every method; this CPU preset runs 5 epochs of
+private training for every method (``local-epochs``: FedAvg's local training, FedDF's and FedMD's
+private fit, FedCC's supervised fit) and 5 of FedCC's third stage, and 1 epoch of distillation
+(``distill-epochs``; the paper does not state it separately). With 1 epoch per stage FedCC's
+clients never settle on their own class and the ensemble stayed near 14 % (2026-11-29 run), and
+with 5 distillation epochs the distilled targets spread every client's class bias over all
+classes, so no pseudo-label says "unknown" any more (in-process: 36 % after round 1, 10 % after
+round 3). FedDF also runs with 5 distillation epochs (``feddf@distill-epochs=5``) so that the
+longer distillation it may prefer is measured too.
+Usage: .venv/bin/python -m benchmarks.fedcc [--rounds 5] [--train-samples 10000] [--splits ...]
 """
 
 from __future__ import annotations
@@ -18,34 +28,46 @@ from benchmarks.common import RESULTS, write_result
 from flowerbed.compare import compare
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ["fedcc", "feddf", "fedmd", "fedavg"]
+METHODS = ["fedcc", "feddf", "feddf@distill-epochs=5", "fedmd", "fedavg"]
 SPLITS = ["pathological:1", "dirichlet:0.05", "pathological:2"]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--train-samples", type=int, default=30000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--train-samples", type=int, default=10000)
     ap.add_argument("--splits", default=",".join(SPLITS))
     args = ap.parse_args()
-    base = {"public-fraction": 0.1, "num-server-rounds": args.rounds, "local-epochs": 1,
-            "distill-epochs": 1, "fedcc-ssl-epochs": 1, "batch-size": 64, "seed": 0,
-            "train-samples": args.train_samples, "eval-every": 2}
+    base = {"public-fraction": 0.1, "num-server-rounds": args.rounds, "local-epochs": 5,
+            "distill-epochs": 1, "fedcc-ssl-epochs": 5, "batch-size": 64, "seed": 0,
+            "train-samples": args.train_samples, "eval-every": 1}
     tables, results = [], {}
-    for split in args.splits.split(","):
+    for split in args.splits.split(","):  # results are written after each split
         out = ROOT / "runs" / f"bench-fedcc-{split.replace(':', '')}"
         tables.append(f"### {split}\n\n" + compare(METHODS, {**base, "partition": split},
                                                      num_clients=10, out=out))
         results[split] = json.loads((out / "results.json").read_text())
+        table = "\n\n".join(tables)
+        (RESULTS / "fedcc.md").write_text(table + "\n")
+        write_result("fedcc", {"table": table, "checks": checks(results), "config": base,
+                               "splits-run": list(results), "results": results})
+
+
+def checks(results: dict) -> dict[str, bool | None]:
+    """The issue's targets; None where a split has not been run."""
 
     def acc(split: str, m: str) -> float | None:
-        return results.get(split, {}).get(m, {}).get("final-accuracy")
+        """Final accuracy; for "feddf", the better of its two distillation settings."""
+        runs = [m, f"{m}@distill-epochs=5"] if m == "feddf" else [m]
+        found = [results.get(split, {}).get(r, {}).get("final-accuracy") for r in runs]
+        found = [a for a in found if a is not None]
+        return max(found) if found else None
 
     def up(split: str, m: str) -> float | None:
         return results.get(split, {}).get(m, {}).get("bytes-up-per-client-round")
 
     p1 = "pathological:1"
-    checks = {
+    return {
         "pathological:1 fedcc >= 0.50": _ge(acc(p1, "fedcc"), 0.0, 0.50),
         "pathological:1 fedcc >= feddf + 20pp": _ge(acc(p1, "fedcc"), acc(p1, "feddf"), 0.20),
         "pathological:1 fedcc >= fedavg + 20pp": _ge(acc(p1, "fedcc"), acc(p1, "fedavg"), 0.20),
@@ -56,9 +78,6 @@ def main() -> None:
         "fedcc upload <= fedavg upload / 10": (None if up(p1, "fedcc") is None or up(p1, "fedavg") is None
                                                else up(p1, "fedcc") <= up(p1, "fedavg") / 10),
     }
-    table = "\n\n".join(tables)
-    (RESULTS / "fedcc.md").write_text(table + "\n")
-    write_result("fedcc", {"table": table, "checks": checks, "config": base, "results": results})
 
 
 def _ge(a: float | None, b: float | None, margin: float) -> bool | None:
