@@ -31,7 +31,17 @@ from pathlib import Path
 from typing import Any
 
 from flowerbed import certs
-from flowerbed.engine import PROJECT, _alive, _bin, flwr_env, flwr_run, free_port, stop_group, toml_value
+from flowerbed.engine import (
+    PROJECT,
+    _alive,
+    _bin,
+    flwr_env,
+    flwr_run,
+    free_port,
+    port_open,
+    stop_group,
+    toml_value,
+)
 
 log = logging.getLogger("flowerbed")
 
@@ -178,15 +188,6 @@ def register_node(dep: Deployment, i: int) -> None:
                           f"{res.stdout}{res.stderr}")
 
 
-def _superlink_port_open(dep: Deployment) -> bool:
-    import socket
-
-    host, port = dep.address.rsplit(":", 1)
-    with contextlib.suppress(OSError), socket.create_connection((host.strip("[]"), int(port)), 0.5):
-        return True
-    return False
-
-
 # ---------------------------------------------------------------------- up / down
 
 
@@ -219,7 +220,8 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
         proc = spawn(superlink_cmd(dep, host, port), sl_log, wrap("superlink"))
         dep.pids["superlink"] = proc.pid
         dep.save()
-        wait_listening(proc, lambda: _superlink_port_open(dep), "flower-superlink", sl_log)
+        sl_host, sl_port = dep.address.rsplit(":", 1)
+        wait_listening(proc, lambda: port_open(sl_host, int(sl_port)), "flower-superlink", sl_log)
         for i in range(num_nodes):
             if dep.auth:
                 if not dep.node_key(i).exists():

@@ -47,12 +47,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_open(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections on ``host:port`` (IPv6 brackets allowed)."""
+    with contextlib.suppress(OSError), socket.create_connection((host.strip("[]"), port), 0.5):
+        return True
+    return False
+
+
 def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
     t0 = time.time()
     while time.time() - t0 < timeout:
         if proc.poll() is not None:
             raise RuntimeError(f"flower-superlink exited with code {proc.returncode}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+        if port_open("127.0.0.1", port):
             return
         time.sleep(0.2)
     raise TimeoutError(f"flower-superlink did not open port {port} within {timeout:.0f} s")

@@ -9,14 +9,13 @@ takes about a minute; the method runs share one deployment and run concurrently.
 from __future__ import annotations
 
 import json
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
+from dropout import assert_dropped, run_killing_node
 from methods import EXTRA
 from netns import netns_usable
 
@@ -154,26 +153,8 @@ def test_killed_supernode_mid_round(tmp_path):
     rc = {**SMALL, "num-server-rounds": 3, "eval-every": 3, "method": "fedavg",
           "output-dir": str(tmp_path), "run-name": "drop"}
     with deploy.deployment(tmp_path / "home", 3, address=f"127.0.0.1:{free_port()}") as dep:
-        result: dict = {}
-        t = threading.Thread(target=lambda: result.update(
-            s=deploy.run(dep, rc, quiet=True, log_file=tmp_path / "drop.log")))
-        t.start()
-        metrics = tmp_path / "drop" / "metrics.jsonl"
-        t0 = time.time()
-        while time.time() - t0 < 300 and not (metrics.exists() and len(read_metrics(tmp_path / "drop")) >= 2):
-            time.sleep(0.5)
-        time.sleep(1.0)  # round 2's training messages are out
-        deploy.kill_node(dep, 2)
-        t.join(timeout=600)
-    assert "s" in result, (tmp_path / "drop.log").read_text()[-3000:]
-    rows = read_metrics(tmp_path / "drop")
-    assert [r["round"] for r in rows] == [0, 1, 2, 3]
-    assert rows[1]["clients-ok"] == 3
-    # its in-flight message comes back as an error (a failure), and from then on the partition is
-    # reported lost (its node left the federation) and no longer sampled
-    failed = [f["partition"] for r in rows[2:] for f in r["failures"]]
-    lost = [p for r in rows[2:] for p in r["clients-lost"]]
-    assert set(failed) <= {2} and lost == [2], (failed, lost)
-    assert all(r["clients-ok"] == 2 for r in rows[3:])  # the others go on
-    assert result["s"]["client-failures-total"] == len(failed)
-    assert result["s"]["final-accuracy"] is not None
+        summary, rows = run_killing_node(dep, rc, tmp_path / "drop.log")
+    assert_dropped(rows, node=2, num_nodes=3)
+    failed = [f for r in rows for f in r["failures"]]
+    assert summary["client-failures-total"] == len(failed)
+    assert summary["final-accuracy"] is not None

@@ -1,0 +1,42 @@
+"""The SuperNode-dropout scenario shared by the loopback and the network-namespace deployment
+tests: start a run, kill one SuperNode once round 1 is logged (round 2's messages are then out),
+and check what the metrics say about it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from flowerbed import deploy
+from flowerbed.results import read_metrics
+
+
+def run_killing_node(dep: deploy.Deployment, rc: dict, log_file: Path, node: int = 2
+                     ) -> tuple[dict, list[dict]]:
+    """``deploy.run`` with ``rc``; SIGTERM SuperNode ``node`` during round 2. Returns the
+    summary (empty if the run failed) and the metrics rows."""
+    run_dir = Path(rc["output-dir"]) / rc["run-name"]
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(
+        s=deploy.run(dep, rc, quiet=True, log_file=log_file)))
+    t.start()
+    t0 = time.time()
+    while time.time() - t0 < 300 and not (
+            (run_dir / "metrics.jsonl").exists() and len(read_metrics(run_dir)) >= 2):
+        time.sleep(0.5)
+    time.sleep(1.0)  # round 2's training messages are out
+    deploy.kill_node(dep, node)
+    t.join(timeout=600)
+    assert "s" in result, log_file.read_text()[-3000:]
+    return result["s"], read_metrics(run_dir)
+
+
+def assert_dropped(rows: list[dict], node: int, num_nodes: int) -> None:
+    """A 3-round run where ``node`` was killed in round 2: its in-flight message fails, then it
+    is reported lost and no longer sampled; the others go on."""
+    assert [r["round"] for r in rows] == [0, 1, 2, 3] and rows[1]["clients-ok"] == num_nodes
+    failed = [f["partition"] for r in rows[2:] for f in r["failures"]]
+    lost = [p for r in rows[2:] for p in r["clients-lost"]]
+    assert set(failed) <= {node} and lost == [node], (failed, lost)
+    assert rows[3]["clients-ok"] == num_nodes - 1
