@@ -267,15 +267,24 @@ class FlowerbedFedAvg(FedAvg):
         """Server-side (loss, accuracy) after ``server_round``: the global model on the test set."""
         return evaluate(load_record(self.model, arrays), test, device)
 
+    def clients_evaluate(self) -> bool:
+        """Whether evaluation rounds send messages to clients (here: only with local test data)."""
+        return self.cfg.local_test_fraction > 0
+
+    def eval_content(self, arrays: ArrayRecord) -> RecordDict:
+        """What an evaluation message carries besides the config (here: the global model)."""
+        return RecordDict({self.arrayrecord_key: arrays})
+
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
-        if not self.evaluates(server_round) or self.cfg.local_test_fraction == 0:
+        if not self.evaluates(server_round) or not self.clients_evaluate():
             return []
         config["server-round"] = server_round
         if self.run_key:  # (Flower cannot count the bytes of an empty string)
             config["run-key"] = self.run_key
         node_ids = self.sample(grid, server_round, self.fraction_evaluate, stream=1)
-        content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        content = self.eval_content(arrays)
+        content[self.configrecord_key] = config
         return self._messages(content, node_ids, MessageType.EVALUATE)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]

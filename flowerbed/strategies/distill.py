@@ -14,8 +14,7 @@ from collections.abc import Iterable
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
-from flwr.serverapp import Grid
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from flowerbed.datasets.federated import public_indices, test_set
 from flowerbed.datasets.loading import DataSet
@@ -91,16 +90,11 @@ class DistillStrategy(FlowerbedFedAvg):
         return ArrayRecord({SOFT_TARGETS: Array(targets)}), metrics
 
     # -------------------------------------------------------------- ensemble evaluation
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
-        if not self.evaluates(server_round):
-            return []
-        config["server-round"] = server_round
-        if self.run_key:  # (Flower cannot count the bytes of an empty string)
-            config["run-key"] = self.run_key
-        node_ids = self.sample(grid, server_round, self.fraction_evaluate, stream=1)
-        return self._messages(RecordDict({self.configrecord_key: config}), node_ids,
-                              MessageType.EVALUATE)
+    def clients_evaluate(self) -> bool:
+        return True  # the ensemble is the clients' models
+
+    def eval_content(self, arrays: ArrayRecord) -> RecordDict:
+        return RecordDict()  # no weights travel
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
         valid, _ = self._check_and_log_replies(replies, is_train=False)

@@ -88,7 +88,5 @@ class FedFewStrategy(KModelStrategy):
         self.round.eval_metrics = {"accuracy": float((n * acc).sum() / n.sum()),
                                    "loss": float((n * loss).sum() / n.sum())}
 
-    def configure_evaluate(self, server_round, arrays, config, grid):
-        if self.cfg.fedfew_eval == "local":
-            return []  # evaluated inside the training round
-        return super().configure_evaluate(server_round, arrays, config, grid)
+    def clients_evaluate(self) -> bool:
+        return self.cfg.fedfew_eval != "local"  # "local": evaluated inside the training round

@@ -7,11 +7,8 @@ ServerApp adds min, max, std and Jain's index across clients for every method).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
-from flwr.serverapp import Grid
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from flowerbed.datasets.loading import DataSet
 from flowerbed.strategies.base import FlowerbedFedAvg
@@ -33,21 +30,8 @@ class PersonalStrategy(FlowerbedFedAvg):
                 out.append(to_record(model))
         return out
 
-    def eval_content(self, arrays: ArrayRecord) -> RecordDict:
-        """What an evaluation message carries besides the config (the server models)."""
-        return RecordDict({self.arrayrecord_key: arrays})
-
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
-        if not self.evaluates(server_round):
-            return []
-        config["server-round"] = server_round
-        if self.run_key:  # (Flower cannot count the bytes of an empty string)
-            config["run-key"] = self.run_key
-        content = self.eval_content(arrays)
-        content[self.configrecord_key] = config
-        node_ids = self.sample(grid, server_round, self.fraction_evaluate, stream=1)
-        return self._messages(content, node_ids, MessageType.EVALUATE)
+    def clients_evaluate(self) -> bool:
+        return True  # personalised accuracy is measured on the clients
 
     def evaluate_global(self, server_round: int, arrays: ArrayRecord, train: DataSet,
                         test: DataSet, device: torch.device) -> tuple[float, float] | None:

@@ -8,11 +8,8 @@ random-init encoder: the floor every method must beat.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message
-from flwr.serverapp import Grid
+from flwr.app import ArrayRecord
 
 from flowerbed.datasets.loading import DataSet
 from flowerbed.strategies.base import FlowerbedFedAvg
@@ -24,9 +21,8 @@ class SSLStrategy(FlowerbedFedAvg):
         return (server_round % self.cfg.probe_every == 0
                 or server_round == self.cfg.num_server_rounds)
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
-        return []  # clients hold no labels; the server's probe is the evaluation
+    def clients_evaluate(self) -> bool:
+        return False  # clients hold no labels; the server's probe is the evaluation
 
     def evaluate_global(self, server_round: int, arrays: ArrayRecord, train: DataSet,
                         test: DataSet, device: torch.device) -> tuple[float, float]:
