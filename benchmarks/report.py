@@ -68,6 +68,15 @@ def render() -> str:
                          f"settings {', '.join(d['settings'])} (the script's defaults: 20 x 2, "
                          "label/lin, label/ber and covariate/lin); 10 clients, the same streams "
                          "and seeds for every variant.")
+            if name == "fedcc" and "splits-run" in d:
+                c = d["config"]
+                extra = (f"\n\nThis run: splits {', '.join(d['splits-run'])} (the script runs "
+                         "pathological:1, dirichlet:0.05 and pathological:2 unless told "
+                         f"otherwise); {c['train-samples']} training samples (10 % public), "
+                         f"{c['num-server-rounds']} rounds, {c['local-epochs']} epochs of private "
+                         f"training for every method, {c['fedcc-ssl-epochs']} of FedCC's third "
+                         f"stage, {c['distill-epochs']} of distillation (FedDF also with 5), "
+                         f"batch {c['batch-size']}.")
             if name == "fedxds":
                 extra = ("\n\nRound at which each first reaches FedAvg's final accuracy: "
                          f"{d['rounds-to-fedavg-final']}")
