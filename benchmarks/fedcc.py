@@ -16,6 +16,7 @@ classes, so no pseudo-label says "unknown" any more (in-process: 36 % after roun
 round 3). FedDF also runs with 5 distillation epochs (``feddf@distill-epochs=5``) so that the
 longer distillation it may prefer is measured too.
 Usage: .venv/bin/python -m benchmarks.fedcc [--rounds 5] [--train-samples 10000] [--splits ...]
+       [--resume]
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--train-samples", type=int, default=10000)
     ap.add_argument("--splits", default=",".join(SPLITS))
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the methods that finished in an earlier run, continue the others")
     args = ap.parse_args()
     base = {"public-fraction": 0.1, "num-server-rounds": args.rounds, "local-epochs": 5,
             "distill-epochs": 1, "fedcc-ssl-epochs": 5, "batch-size": 64, "seed": 0,
@@ -45,7 +48,7 @@ def main() -> None:
     for split in args.splits.split(","):  # results are written after each split
         out = ROOT / "runs" / f"bench-fedcc-{split.replace(':', '')}"
         tables.append(f"### {split}\n\n" + compare(METHODS, {**base, "partition": split},
-                                                     num_clients=10, out=out))
+                                                     num_clients=10, out=out, resume=args.resume))
         results[split] = json.loads((out / "results.json").read_text())
         table = "\n\n".join(tables)
         (RESULTS / "fedcc.md").write_text(table + "\n")
