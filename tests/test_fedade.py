@@ -78,11 +78,14 @@ def test_estimators_on_constructed_inputs():
     client = METHODS["fedade"].client(cfg, ctx)
     model = client.new_model()
     x = torch.randn(16, 1, 28, 28)
-    assert client.shift(model, x) == (0.0, 0.0)  # first sight
-    s_unc, s_rep = client.shift(model, x)
+    assert client.shift(model, x, 0) == (0.0, 0.0)  # first sight
+    s_unc, s_rep = client.shift(model, x, 1)  # the same batch one step later: no shift
     assert s_unc == pytest.approx(0.0, abs=1e-9) and s_rep == pytest.approx(0.0, abs=1e-9)
-    s_unc, s_rep = client.shift(model, -5 * x.abs())  # a very different batch
+    s_unc, s_rep = client.shift(model, -5 * x.abs(), 2)  # a very different batch
     assert 0 < s_unc <= 1 and 0 < s_rep <= 1
+    # later rounds of step 2 reuse step 2's estimate (S^t compares steps, not rounds)
+    assert client.shift(model, -5 * x.abs(), 2) == (s_unc, s_rep)
+    assert client.shift(model, x, 2) == (s_unc, s_rep)
 
 
 @pytest.mark.parametrize("extra", [{}, {"fedade-risk": "bbse"}, {"fedade-lr-mode": "none"},

@@ -8,7 +8,8 @@ At time step t (one Flower round per (t, round within t)) the client regenerates
 - representation dynamics S_rep = ½(1 − cos(z^{prev}, z^t)), z = mean of the l2-normalised
   shared-layer features (paper) or, with ``fedade-rep-ref='ema'``, normalise(mean) against an
   EMA reference (the official code);
-- S = ½(S_unc + S_rep) (``fedade-estimators`` unc / rep for the ablations), 0 on first sight;
+- S = ½(S_unc + S_rep) (``fedade-estimators`` unc / rep for the ablations), 0 on first sight,
+  estimated once per time step (later rounds of the step reuse it);
   η = η_min + (η_max − η_min)·S (``fedade-lr-mode``: adaptive | fixed | none);
 - the unsupervised risk (``fedade-risk``): mean prediction entropy (the official code) or BBSE
   (the paper): label-shift weights w = (M⁻¹ q̂) / q_0 from the server's confusion matrix M and the
@@ -76,9 +77,19 @@ class FedADEClient(Client):
         x, y = client_batch(self.cfg, self.partition_id, self.num_partitions, t)
         return self.train_data.normalise(x.to(self.device)), y.to(self.device), t
 
-    def shift(self, model: nn.Module, x: torch.Tensor) -> tuple[float, float]:
-        """(S_unc, S_rep) against this client's buffers, which are then updated."""
+    def shift(self, model: nn.Module, x: torch.Tensor, t: int) -> tuple[float, float]:
+        """(S_unc^t, S_rep^t): this step's batch against the one this client last estimated on.
+
+        Estimated once per time step, at the client's first training round of step t, against
+        the buffers of an earlier step; later rounds of step t reuse the step's S (the paper's
+        S^t compares steps t−1 and t; recomputing on the same batch, as the official code does
+        each selection, gives S ≈ 0 from the second round of a step on).
+        """
         cfg = self.cfg
+        buf = self.context.state.array_records.get(BUFFERS)
+        if buf is not None and "t" in buf and int(buf["t"].numpy()[0]) == t:
+            s_unc, s_rep = (float(v) for v in buf["s"].numpy())
+            return s_unc, s_rep
         model.eval()
         with torch.no_grad():
             feats = model.trunk(x)
@@ -92,7 +103,6 @@ class FedADEClient(Client):
             z = F.normalize(feats.mean(0), dim=0).double()
         else:
             z = F.normalize(feats, dim=1).mean(0).double()
-        buf = self.context.state.array_records.get(BUFFERS)
         s_unc = s_rep = 0.0
         if buf is not None:
             q_prev = torch.as_tensor(buf["q"].numpy())
@@ -101,8 +111,9 @@ class FedADEClient(Client):
             s_rep = float(np.clip(0.5 * (1 - cosine(z_prev, z.cpu())), 0, 1))
             if cfg.fedade_rep_ref == "ema":
                 z = F.normalize(0.9 * z_prev.to(z) + 0.1 * z.cpu().to(z), dim=0)
-        self.context.state[BUFFERS] = ArrayRecord({"q": Array(q.cpu().numpy()),
-                                                   "z": Array(z.cpu().numpy())})
+        self.context.state[BUFFERS] = ArrayRecord({
+            "q": Array(q.cpu().numpy()), "z": Array(z.cpu().numpy()),
+            "t": Array(np.array([t], np.int64)), "s": Array(np.array([s_unc, s_rep]))})
         return s_unc, s_rep
 
     def learning_rate(self, s_unc: float, s_rep: float) -> float:
@@ -141,7 +152,7 @@ class FedADEClient(Client):
             model.eval()
             with torch.no_grad():
                 pre = {"pre-correct": int((model(x).argmax(1) == y).sum()), "pre-n": len(y)}
-        s_unc, s_rep = self.shift(model, x)
+        s_unc, s_rep = self.shift(model, x, t)
         lr = self.learning_rate(s_unc, s_rep)
         loss = float("nan")
         if lr > 0:
