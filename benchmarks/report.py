@@ -72,7 +72,8 @@ def render() -> str:
                 c = d["config"]
                 extra = (f"\n\nThis run: splits {', '.join(d['splits-run'])} (the script runs "
                          "pathological:1, dirichlet:0.05 and pathological:2 unless told "
-                         f"otherwise); {c['train-samples']} training samples (10 % public), "
+                         f"otherwise); {c['train-samples']} training samples "
+                         f"({100 * c['public-fraction']:.0f} % public), "
                          f"{c['num-server-rounds']} rounds, {c['local-epochs']} epochs of private "
                          f"training for every method, {c['fedcc-ssl-epochs']} of FedCC's third "
                          f"stage, {c['distill-epochs']} of distillation (FedDF also with 5), "

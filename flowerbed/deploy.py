@@ -38,9 +38,9 @@ from flowerbed.engine import (
     flwr_env,
     flwr_run,
     free_port,
-    port_open,
     stop_group,
     toml_value,
+    wait_superlink,
 )
 
 log = logging.getLogger("flowerbed")
@@ -151,20 +151,6 @@ def spawn(cmd: list[str], log_path: Path, wrap: list[str] | None = None) -> subp
                                 env=flwr_env(log_path.parent.parent), start_new_session=True)
 
 
-def wait_listening(proc: subprocess.Popen, check, what: str, log_path: Path,
-                   timeout: float = 60.0) -> None:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-1500:] if log_path.exists() else ""
-            raise DeployError(f"{what} exited with code {proc.returncode}; its log "
-                              f"({log_path}) ends with:\n{tail}")
-        if check():
-            return
-        time.sleep(0.3)
-    raise DeployError(f"{what} not ready within {timeout:.0f} s (log: {log_path})")
-
-
 def flwr_cli(dep: Deployment, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
     """``flwr <args>`` against this deployment's connection."""
     return subprocess.run([_bin("flwr"), *args], env=flwr_env(dep.home), cwd=PROJECT,
@@ -209,9 +195,9 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
         raise DeployError(f"a deployment from {dep.home} is still running; "
                           "stop it first with `flowerbed deploy down`")
     dep.home.mkdir(parents=True, exist_ok=True)
-    port = int(dep.address.rsplit(":", 1)[1])
+    sl_host, port_text = dep.address.rsplit(":", 1)
+    sl_host, port = sl_host.strip("[]"), int(port_text)
     if not dep.insecure and not (dep.certs / certs.SERVER_CERT).exists():
-        sl_host = dep.address.rsplit(":", 1)[0].strip("[]")
         certs.make_certs(dep.certs, [*certs.DEFAULT_HOSTS, sl_host, *(cert_hosts or [])])
     dep.write_connection()
     dep.pids = {}
@@ -220,8 +206,10 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
         proc = spawn(superlink_cmd(dep, host, port), sl_log, wrap("superlink"))
         dep.pids["superlink"] = proc.pid
         dep.save()
-        sl_host, sl_port = dep.address.rsplit(":", 1)
-        wait_listening(proc, lambda: port_open(sl_host, int(sl_port)), "flower-superlink", sl_log)
+        try:
+            wait_superlink(proc, sl_host, port, sl_log)
+        except (RuntimeError, TimeoutError) as e:
+            raise DeployError(str(e)) from e
         for i in range(num_nodes):
             if dep.auth:
                 if not dep.node_key(i).exists():

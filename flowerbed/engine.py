@@ -54,15 +54,21 @@ def port_open(host: str, port: int) -> bool:
     return False
 
 
-def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+def wait_superlink(proc: subprocess.Popen, host: str, port: int, log_path: Path,
+                   timeout: float = 60.0) -> None:
+    """Wait until the SuperLink ``proc`` accepts connections on ``host:port``; if it exits
+    first, a RuntimeError with the end of its log, if the port stays closed, a TimeoutError."""
     t0 = time.time()
     while time.time() - t0 < timeout:
         if proc.poll() is not None:
-            raise RuntimeError(f"flower-superlink exited with code {proc.returncode}")
-        if port_open("127.0.0.1", port):
+            tail = log_path.read_text(errors="replace")[-1500:] if log_path.exists() else ""
+            raise RuntimeError(f"flower-superlink exited with code {proc.returncode}; its log "
+                               f"({log_path}) ends with:\n{tail}")
+        if port_open(host, port):
             return
         time.sleep(0.2)
-    raise TimeoutError(f"flower-superlink did not open port {port} within {timeout:.0f} s")
+    raise TimeoutError(f"flower-superlink did not open {host}:{port} within {timeout:.0f} s "
+                       f"(log: {log_path})")
 
 
 def flwr_env(home: Path) -> dict[str, str]:
@@ -80,13 +86,14 @@ def _write_connection(home: Path, port: int) -> None:
 
 
 def _start(home: Path, port: int, out) -> subprocess.Popen:
+    """Start a simulation SuperLink writing to the open file ``out``; wait for its port."""
     home.mkdir(parents=True, exist_ok=True)
     _write_connection(home, port)
     cmd = [_bin("flower-superlink"), "--insecure", "--simulation",
            "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(cmd, env=flwr_env(home), stdout=out, stderr=subprocess.STDOUT,
                             cwd=PROJECT, start_new_session=True)
-    _wait_port(port, proc)
+    wait_superlink(proc, "127.0.0.1", port, Path(out.name))
     return proc
 
 
