@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from flowerbed.strategies.fedavg import FedAvgStrategy, FedProxStrategy
@@ -129,21 +128,6 @@ def test_scaffold_server_update(cfg):
     assert np.allclose(s.c["w"], 1.0) and "b" not in s.c
     content_next = s.train_content(2, out, ConfigRecord())
     assert np.allclose(content_next["server_cv"]["w"].numpy(), 1.0)
-
-
-@pytest.mark.parametrize("k, momentum", [(1, 0.9), (8, 0.9), (140, 0.9), (5, 0.0), (3, 0.5)])
-def test_scaffold_effective_steps_match_torch_momentum_sgd(k, momentum):
-    """K momentum-SGD steps on a constant gradient move the weights by lr·K_eff·g."""
-    from flowerbed.clients.scaffold import effective_steps
-
-    w = torch.zeros(3, requires_grad=True)
-    g = torch.tensor([1.0, -2.0, 0.5])
-    opt = torch.optim.SGD([w], lr=0.01, momentum=momentum)
-    for _ in range(k):
-        opt.zero_grad()
-        w.grad = g.clone()
-        opt.step()
-    assert torch.allclose(-w.detach(), 0.01 * effective_steps(k, momentum) * g, rtol=1e-5)
 
 
 def test_scaffold_rejects_reply_without_delta(cfg):
