@@ -8,7 +8,7 @@ accuracy and Jain's index alongside. Targets (issue #7): FedFew (K = 3) >= IFCA 
 >= FedAvg + 5 pp on both splits, checked on FedFew's default (identical initialisation of the K
 models, as the official code); the opt-in ``fedfew-distinct-init`` is reported alongside (IFCA
 always starts its K models from distinct initialisations).
-Usage: .venv/bin/python -m benchmarks.fedfew [--rounds 10] [--train-samples 12000]
+Usage: .venv/bin/python -m benchmarks.fedfew [--rounds 30] [--train-samples 12000]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ SPLITS = ["pathological:2", "dirichlet:0.1"]
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--train-samples", type=int, default=12000)
     args = ap.parse_args()
     base = {"num-server-rounds": args.rounds, "local-test-fraction": 0.25, "num-models": 3,
