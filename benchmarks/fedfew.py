@@ -9,11 +9,13 @@ accuracy and Jain's index alongside. Targets (issue #7): FedFew (K = 3) >= IFCA 
 models, as the official code); the opt-in ``fedfew-distinct-init`` is reported alongside (IFCA
 always starts its K models from distinct initialisations).
 Usage: .venv/bin/python -m benchmarks.fedfew [--rounds 30] [--train-samples 12000]
+       [--splits dirichlet:0.1]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from benchmarks.common import RESULTS, write_result
@@ -24,34 +26,38 @@ ROOT = Path(__file__).resolve().parents[1]
 METHODS = ["fedfew", "fedfew@fedfew-distinct-init=true", "ifca", "fedavg", "fedavg-ft", "fedrep",
            "local"]
 SPLITS = ["pathological:2", "dirichlet:0.1"]
+KEYS = ("client-accuracy", "client-accuracy-min", "client-accuracy-std", "jain-index")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--train-samples", type=int, default=12000)
+    ap.add_argument("--splits", default=",".join(SPLITS),
+                    help="splits to run; the others keep their earlier results, with their rounds")
     args = ap.parse_args()
     base = {"num-server-rounds": args.rounds, "local-test-fraction": 0.25, "num-models": 3,
             "train-samples": args.train_samples, "eval-every": 5, "seed": 0}
-    rows, results = [], {}
-    header = ("| split | method | personalised acc % | min client % | std | Jain |",
-              "|---|---|---|---|---|---|")
-    for split in SPLITS:
+    results, rounds = earlier()
+    for split in args.splits.split(","):
         out = ROOT / "runs" / f"bench-fedfew-{split.replace(':', '')}"
         compare(METHODS, {**base, "partition": split}, num_clients=20, out=out)
-        results[split] = {}
+        results[split], rounds[split] = {}, args.rounds
         for m in METHODS:
             last = read_metrics(out / run_label(m))[-1]
-            r = {k: last.get(k) for k in ("client-accuracy", "client-accuracy-min",
-                                          "client-accuracy-std", "jain-index")}
-            results[split][m] = r
-            rows.append(f"| {split} | {m} | {_pct(r['client-accuracy'])} | "
+            results[split][m] = {k: last.get(k) for k in KEYS}
+    rows = ["| split | rounds | method | personalised acc % | min client % | std | Jain |",
+            "|---|---|---|---|---|---|---|"]
+    for split in (s for s in SPLITS if s in results):
+        for m in METHODS:
+            r = results[split].get(m, dict.fromkeys(KEYS))
+            rows.append(f"| {split} | {rounds[split]} | {m} | {_pct(r['client-accuracy'])} | "
                         f"{_pct(r['client-accuracy-min'])} | {_num(r['client-accuracy-std'])} | "
                         f"{_num(r['jain-index'])} |")
-    table = "\n".join([*header, *rows])
+    table = "\n".join(rows)
 
     def acc(split: str, m: str) -> float | None:
-        return results[split][m]["client-accuracy"]
+        return results.get(split, {}).get(m, {}).get("client-accuracy")
 
     checks = {}
     for split in SPLITS:
@@ -63,7 +69,18 @@ def main() -> None:
         checks[f"{split} fedfew (distinct init) >= fedavg + 5pp"] = (None if None in (alt, avg)
                                                                      else alt >= avg + 0.05)
     (RESULTS / "fedfew.md").write_text(table + "\n")
-    write_result("fedfew", {"table": table, "checks": checks, "config": base, "results": results})
+    write_result("fedfew", {"table": table, "checks": checks, "config": base,
+                            "split-rounds": rounds, "results": results})
+
+
+def earlier() -> tuple[dict[str, dict], dict[str, int]]:
+    """Results (and rounds) of splits measured before, kept when a run measures only some."""
+    path = RESULTS / "fedfew.json"
+    if not path.exists():
+        return {}, {}
+    old = json.loads(path.read_text())
+    rounds = old.get("split-rounds") or dict.fromkeys(old["results"], old["config"]["num-server-rounds"])
+    return dict(old["results"]), dict(rounds)
 
 
 def _pct(v: float | None) -> str:
