@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 
 from benchmarks.common import RESULTS, write_result
-from flowerbed.compare import compare
+from flowerbed.compare import compare, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ["fedcc", "feddf", "feddf@distill-epochs=5", "fedmd", "fedavg"]
@@ -44,30 +44,26 @@ def main() -> None:
     base = {"public-fraction": 0.1, "num-server-rounds": args.rounds, "local-epochs": 5,
             "distill-epochs": 1, "fedcc-ssl-epochs": 5, "batch-size": 64, "seed": 0,
             "train-samples": args.train_samples, "eval-every": 1}
-    tables, results = earlier(base)
+    results = earlier(base)
     for split in args.splits.split(","):  # results are written after each split
         out = ROOT / "runs" / f"bench-fedcc-{split.replace(':', '')}"
-        tables[split] = f"### {split}\n\n" + compare(METHODS, {**base, "partition": split},
-                                                      num_clients=10, out=out, resume=args.resume)
+        compare(METHODS, {**base, "partition": split}, num_clients=10, out=out, resume=args.resume)
         results[split] = json.loads((out / "results.json").read_text())
-        table = "\n\n".join(tables[s] for s in SPLITS if s in tables)
+        table = "\n\n".join(f"### {s}\n\n" + markdown_table(results[s], {**base, "partition": s}, 10)
+                              for s in SPLITS if s in results)
         (RESULTS / "fedcc.md").write_text(table + "\n")
         write_result("fedcc", {"table": table, "checks": checks(results), "config": base,
                                "splits-run": list(results), "results": results})
 
 
-def earlier(base: dict) -> tuple[dict[str, str], dict[str, dict]]:
-    """Tables and results of splits measured before with the same settings (kept when a run
-    measures only some splits); nothing if the settings changed."""
+def earlier(base: dict) -> dict[str, dict]:
+    """Results of splits measured before with the same settings (kept when a run measures only
+    some splits); nothing if the settings changed."""
     path = RESULTS / "fedcc.json"
     if not path.exists():
-        return {}, {}
+        return {}
     old = json.loads(path.read_text())
-    if old.get("config") != base:
-        return {}, {}
-    tables = {t.split("\n", 1)[0].removeprefix("### "): t for t in old["table"].split("\n\n### ")}
-    tables = {k: v if v.startswith("### ") else f"### {v}" for k, v in tables.items()}
-    return tables, dict(old["results"])
+    return dict(old["results"]) if old.get("config") == base else {}
 
 
 def checks(results: dict) -> dict[str, bool | None]:
