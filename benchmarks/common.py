@@ -28,3 +28,19 @@ def write_result(name: str, data: dict[str, Any]) -> Path:
     print(json.dumps(data, indent=2))
     print(f"written: {path}")
     return path
+
+
+def kept_splits(name: str, config: dict[str, Any], vary: tuple[str, ...] = ()
+                ) -> tuple[dict[str, dict], dict[str, dict]]:
+    """Results and settings of the splits an earlier run of benchmark ``name`` measured with
+    ``config`` (keys in ``vary`` may differ): kept when a run measures only some splits."""
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        return {}, {}
+    old = json.loads(path.read_text())
+
+    def fixed(c: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in c.items() if k not in vary}
+
+    keep = [s for s, c in old.get("split-configs", {}).items() if fixed(c) == fixed(config)]
+    return ({s: old["results"][s] for s in keep}, {s: old["split-configs"][s] for s in keep})

@@ -28,7 +28,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import RESULTS, write_result
+from benchmarks.common import RESULTS, kept_splits, write_result
 from flowerbed.compare import compare, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def main() -> None:
     base = {"public-fraction": 0.1, "num-server-rounds": args.rounds, "local-epochs": 5,
             "distill-epochs": 1, "fedcc-ssl-epochs": 5, "batch-size": 64, "seed": 0,
             "train-samples": args.train_samples, "eval-every": 1}
-    results = earlier(base)
+    results, configs = kept_splits("fedcc", base)
     for split in args.splits.split(","):  # results are written after each split
         out = ROOT / "runs" / f"bench-fedcc-{split.replace(':', '')}"
         compare(args.methods.split(","), {**base, "partition": split}, num_clients=10, out=out,
@@ -58,21 +58,13 @@ def main() -> None:
         new = json.loads((out / "results.json").read_text())
         results[split] = {m: {**results.get(split, {}), **new}[m] for m in METHODS
                           if m in new or m in results.get(split, {})}
+        configs[split] = base
         table = "\n\n".join(f"### {s}\n\n" + markdown_table(results[s], {**base, "partition": s}, 10)
                               for s in SPLITS if s in results)
         (RESULTS / "fedcc.md").write_text(table + "\n")
         write_result("fedcc", {"table": table, "checks": checks(results), "config": base,
-                               "splits-run": list(results), "results": results})
-
-
-def earlier(base: dict) -> dict[str, dict]:
-    """Results measured before with the same settings (kept when a run measures only some splits
-    or methods); nothing if the settings changed."""
-    path = RESULTS / "fedcc.json"
-    if not path.exists():
-        return {}
-    old = json.loads(path.read_text())
-    return dict(old["results"]) if old.get("config") == base else {}
+                               "splits-run": list(results), "split-configs": configs,
+                               "results": results})
 
 
 def checks(results: dict) -> dict[str, bool | None]:

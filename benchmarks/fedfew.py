@@ -15,10 +15,9 @@ Usage: .venv/bin/python -m benchmarks.fedfew [--rounds 30] [--train-samples 1200
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from benchmarks.common import RESULTS, write_result
+from benchmarks.common import RESULTS, kept_splits, write_result
 from flowerbed.compare import compare, run_label
 from flowerbed.results import read_metrics
 
@@ -34,15 +33,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--train-samples", type=int, default=12000)
     ap.add_argument("--splits", default=",".join(SPLITS),
-                    help="splits to run; the others keep their earlier results, with their rounds")
+                    help="splits to run; the others keep their earlier results (with their rounds) "
+                         "if their other settings are the same")
     args = ap.parse_args()
     base = {"num-server-rounds": args.rounds, "local-test-fraction": 0.25, "num-models": 3,
             "train-samples": args.train_samples, "eval-every": 5, "seed": 0}
-    results, rounds = earlier()
+    results, configs = kept_splits("fedfew", base, vary=("num-server-rounds",))
     for split in args.splits.split(","):
         out = ROOT / "runs" / f"bench-fedfew-{split.replace(':', '')}"
         compare(METHODS, {**base, "partition": split}, num_clients=20, out=out)
-        results[split], rounds[split] = {}, args.rounds
+        results[split], configs[split] = {}, base
         for m in METHODS:
             last = read_metrics(out / run_label(m))[-1]
             results[split][m] = {k: last.get(k) for k in KEYS}
@@ -51,7 +51,8 @@ def main() -> None:
     for split in (s for s in SPLITS if s in results):
         for m in METHODS:
             r = results[split].get(m, dict.fromkeys(KEYS))
-            rows.append(f"| {split} | {rounds[split]} | {m} | {_pct(r['client-accuracy'])} | "
+            n = configs[split]["num-server-rounds"]
+            rows.append(f"| {split} | {n} | {m} | {_pct(r['client-accuracy'])} | "
                         f"{_pct(r['client-accuracy-min'])} | {_num(r['client-accuracy-std'])} | "
                         f"{_num(r['jain-index'])} |")
     table = "\n".join(rows)
@@ -70,17 +71,7 @@ def main() -> None:
                                                                      else alt >= avg + 0.05)
     (RESULTS / "fedfew.md").write_text(table + "\n")
     write_result("fedfew", {"table": table, "checks": checks, "config": base,
-                            "split-rounds": rounds, "results": results})
-
-
-def earlier() -> tuple[dict[str, dict], dict[str, int]]:
-    """Results (and rounds) of splits measured before, kept when a run measures only some."""
-    path = RESULTS / "fedfew.json"
-    if not path.exists():
-        return {}, {}
-    old = json.loads(path.read_text())
-    rounds = old.get("split-rounds") or dict.fromkeys(old["results"], old["config"]["num-server-rounds"])
-    return dict(old["results"]), dict(rounds)
+                            "split-configs": configs, "results": results})
 
 
 def _pct(v: float | None) -> str:
