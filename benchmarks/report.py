@@ -76,7 +76,8 @@ def render() -> str:
                          f"({100 * c['public-fraction']:.0f} % public), "
                          f"{c['num-server-rounds']} rounds, {c['local-epochs']} epochs of private "
                          f"training for every method, {c['fedcc-ssl-epochs']} of FedCC's third "
-                         f"stage, {c['distill-epochs']} of distillation (FedDF also with 5), "
+                         "stage (the fedcc@fedcc-ssl-epochs=20 row: the paper's 20, and a black "
+                         f"probe image), {c['distill-epochs']} of distillation (FedDF also with 5), "
                          f"batch {c['batch-size']}.")
             if name == "fedxds":
                 extra = ("\n\nRound at which each first reaches FedAvg's final accuracy: "
