@@ -1,9 +1,13 @@
 """Bad input stops the run before round 1 with one line naming the key, value and what is allowed."""
 
+from pathlib import Path
+
 import pytest
 
 from flowerbed.config import Config, ConfigError, defaults, parse_partition
 from flowerbed.datasets.federated import client_partitions
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_defaults_come_from_pyproject():
@@ -68,3 +72,10 @@ def test_impossible_dirichlet_min_size_is_refused():
 def test_parse_partition_round_trip():
     for text in ("iid", "dirichlet:0.1", "pathological:2", "shards:3"):
         assert str(parse_partition(text)) == text
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in (ROOT / "presets").glob("*.toml")))
+def test_presets_are_valid_run_configs(preset):
+    from flwr.common.config import parse_config_args
+
+    Config.from_run_config(parse_config_args([str(ROOT / "presets" / preset)]))
