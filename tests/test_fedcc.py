@@ -142,3 +142,23 @@ def test_server_rejects_an_upload_with_weights(cfg):
     assert out["soft_targets"].numpy().shape == (120, 10)
     assert [f["partition"] for f in s.round.failed] == [1]
     assert "only the predictions may be uploaded" in s.round.failed[0]["reason"]
+
+
+def test_server_warns_about_a_client_without_unknown(caplog):
+    """A client whose probe bias covers every class (|C_J| = C) is named in a warning."""
+    cfg = Config.from_run_config({**SMALL, "method": "fedcc", "min-clients": 1})
+    s = FedCCStrategy(cfg)
+    s.num_classes = 10
+    s.node_of, s.partition_of, s._reference = {0: 5, 1: 6}, {5: 0, 6: 1}, ArrayRecord()
+    s._sent = [sent(5), sent(6)]
+    good = np.full((120, 11), 1 / 11, np.float32)
+
+    def content(majority: float) -> RecordDict:
+        return RecordDict({PREDICTIONS: ArrayRecord({"p": Array(good)}),
+                           "metrics": MetricRecord({"num-examples": 10,
+                                                    "fedcc-majority-classes": majority})})
+
+    with caplog.at_level("WARNING", logger="flowerbed"):
+        s.aggregate_train(4, [reply(s._sent[0], content(1.0)), reply(s._sent[1], content(10.0))])
+    warned = [r.getMessage() for r in caplog.records if "majority class" in r.getMessage()]
+    assert len(warned) == 1 and "1 client(s) (nodes 6)" in warned[0] and "[round 4]" in warned[0]

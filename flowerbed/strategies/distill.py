@@ -42,6 +42,9 @@ class DistillStrategy(FlowerbedFedAvg):
         """[clients, N, width] -> [N, C] soft targets (FedDF: the mean of the probabilities)."""
         return preds.mean(0)
 
+    def inspect(self, server_round: int, nodes: list[int], metrics: list) -> None:
+        """Look at the valid replies' metrics (FedCC warns about degenerate clients)."""
+
     def ensemble_probs(self, preds: np.ndarray) -> np.ndarray:
         """[clients, N, width] -> [N, C] ensemble class scores for inference."""
         return self.combine(preds)
@@ -84,7 +87,9 @@ class DistillStrategy(FlowerbedFedAvg):
             return None, None
         preds = np.stack([r.content[PREDICTIONS]["p"].numpy().astype(np.float32) for r in valid])
         targets = self.combine(preds).astype(np.float32)
-        metrics = self.train_metrics_aggr_fn([RecordDict({"m": metric_record(r.content)}) for r in valid],
+        client_metrics = [metric_record(r.content) for r in valid]
+        self.inspect(server_round, [r.metadata.src_node_id for r in valid], client_metrics)
+        metrics = self.train_metrics_aggr_fn([RecordDict({"m": m}) for m in client_metrics],
                                              self.weighted_by_key)
         self.round.train_metrics = dict(metrics)
         return ArrayRecord({SOFT_TARGETS: Array(targets)}), metrics
