@@ -26,9 +26,14 @@ class SSLStrategy(FlowerbedFedAvg):
 
     def evaluate_global(self, server_round: int, arrays: ArrayRecord, train: DataSet,
                         test: DataSet, device: torch.device) -> tuple[float, float]:
-        model = load_record(self.model, arrays).to(device).eval()
-        cfg = self.cfg
-        tr = extract_features(model.features, train, device)
-        te = extract_features(model.features, test, device)
-        return linear_probe(tr, train.y, te, test.y, train.num_classes, epochs=cfg.probe_epochs,
-                            lr=cfg.probe_lr, batch_size=cfg.probe_batch_size, seed=cfg.seed)
+        return probe(load_record(self.model, arrays), train, test, device, self.cfg)
+
+
+def probe(model: torch.nn.Module, train: DataSet, test: DataSet, device: torch.device, cfg
+          ) -> tuple[float, float]:
+    """(test loss, top-1 test accuracy) of a linear probe on the frozen backbone features."""
+    model = model.to(device).eval()
+    tr = extract_features(model.features, train, device)
+    te = extract_features(model.features, test, device)
+    return linear_probe(tr, train.y, te, test.y, train.num_classes, epochs=cfg.probe_epochs,
+                        lr=cfg.probe_lr, batch_size=cfg.probe_batch_size, seed=cfg.seed)
