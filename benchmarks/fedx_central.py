@@ -59,7 +59,8 @@ def main() -> None:
         "samples": len(train), "epochs": args.epochs, "batch-size": args.batch_size, "lr": args.lr,
         "random-init-probe": floor, "curve": curve, "best-probe": best["probe"],
         "best-epoch": best["epoch"], "wall-seconds": round(time.time() - t0, 1),
-        "checks": {"centralised simclr probe > random-init probe": best["probe"] > floor}})
+        "checks": {"centralised simclr best probe > random-init probe": best["probe"] > floor,
+                   "centralised simclr best probe >= random-init + 10pp": best["probe"] >= floor + 0.10}})
 
 
 if __name__ == "__main__":

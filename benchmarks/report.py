@@ -63,6 +63,14 @@ def render() -> str:
             extra = ""
             if name == "fedx":
                 extra = f"\n\nRandom-init encoder probe (the floor): {_pct(d['random-init-probe'])}."
+                if c := _load("fedx_central"):
+                    probes = ", ".join(f"{100 * r['probe']:.1f}" for r in c["curve"])
+                    extra += (f"\n\nCentralised SimCLR with the same encoder, augmentations and "
+                              f"probe (`benchmarks/fedx_central.py`, {c['machine']['date']}): "
+                              f"{c['samples']} samples, batch {c['batch-size']}, lr {c['lr']}; "
+                              f"probe after each of {c['epochs']} epochs ({c['curve'][-1]['steps']} "
+                              f"steps in all): {probes} %, against the random-init "
+                              f"{_pct(c['random-init-probe'])}.")
             if name == "fedade" and "steps" in d:
                 extra = (f"\n\nThis run: {d['steps']} time steps x {d['rounds-per-step']} rounds, "
                          f"settings {', '.join(d['settings'])} (the script's defaults: 20 x 2, "
