@@ -127,12 +127,17 @@ def test_client_uploads_only_the_prediction_matrix(method):
     assert out2.content[PREDICTIONS]["p"].numpy().shape == (120, width)
 
 
-def test_server_rejects_an_upload_with_weights(cfg):
-    cfg = Config.from_run_config({**SMALL, "method": "fedcc", "min-clients": 1})
-    s = FedCCStrategy(cfg)
+def two_client_strategy() -> FedCCStrategy:
+    """A FedCC server that has sent round-1 messages to nodes 5 and 6 (partitions 0 and 1)."""
+    s = FedCCStrategy(Config.from_run_config({**SMALL, "method": "fedcc", "min-clients": 1}))
     s.num_classes = 10
     s.node_of, s.partition_of, s._reference = {0: 5, 1: 6}, {5: 0, 6: 1}, ArrayRecord()
     s._sent = [sent(5), sent(6)]
+    return s
+
+
+def test_server_rejects_an_upload_with_weights():
+    s = two_client_strategy()
     good = np.full((120, 11), 1 / 11, np.float32)
     m = MetricRecord({"num-examples": 10})
     ok = RecordDict({PREDICTIONS: ArrayRecord({"p": Array(good)}), "metrics": m})
@@ -146,11 +151,7 @@ def test_server_rejects_an_upload_with_weights(cfg):
 
 def test_server_warns_about_a_client_without_unknown(caplog):
     """A client whose probe bias covers every class (|C_J| = C) is named in a warning."""
-    cfg = Config.from_run_config({**SMALL, "method": "fedcc", "min-clients": 1})
-    s = FedCCStrategy(cfg)
-    s.num_classes = 10
-    s.node_of, s.partition_of, s._reference = {0: 5, 1: 6}, {5: 0, 6: 1}, ArrayRecord()
-    s._sent = [sent(5), sent(6)]
+    s = two_client_strategy()
     good = np.full((120, 11), 1 / 11, np.float32)
 
     def content(majority: float) -> RecordDict:
