@@ -124,6 +124,7 @@ class Config:
     hetero_models: bool
     num_models: int
     fedfew_mu: float
+    fedfew_server_lr: float
     fedfew_distinct_init: bool
     fedfew_eval: str
     fedxds_warmup_rounds: int
@@ -272,7 +273,8 @@ class Config:
         if self.fedx_relational not in ("official", "js"):
             raise ConfigError("fedx-relational", self.fedx_relational, "use official or js")
         for key in ("lr", "scaffold-server-lr", "round-timeout", "probe-lr", "ssl-tau",
-                    "fedx-tau-target", "fedu-mu", "distill-lr", "fedfew-mu", "fedxds-clip"):
+                    "fedx-tau-target", "fedu-mu", "distill-lr", "fedfew-mu", "fedfew-server-lr",
+                    "fedxds-clip"):
             v = getattr(self, key.replace("-", "_"))
             if not (v > 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number > 0")

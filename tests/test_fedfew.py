@@ -73,9 +73,10 @@ def test_k1_update_equals_fedavg_when_clients_tie():
     assert np.allclose(unpack(out_f, 1)[0]["w"].numpy(), out_a["w"].numpy())
 
 
-def test_fedfew_update_by_hand():
+@pytest.mark.parametrize("server_lr", [1.0, 2.0])
+def test_fedfew_update_by_hand(server_lr):
     cfg = Config.from_run_config({"method": "fedfew", "num-models": 2, "min-clients": 1,
-                                  "fedfew-mu": 0.5})
+                                  "fedfew-mu": 0.5, "fedfew-server-lr": server_lr})
     s = FedFewStrategy(cfg)
     msgs = prepared(s, 2)
     s._models, s._reference = [rec(0.0), rec(1.0)], rec(0.0)
@@ -86,8 +87,8 @@ def test_fedfew_update_by_hand():
             for i in range(2)]
     out, metrics = s.aggregate_train(1, reps)
     w, alpha = direct(losses, n, 0.5)
-    m0 = 0.0 + sum(alpha[i] * w[i, 0] * ((2.0 + i) - 0.0) for i in range(2))
-    m1 = 1.0 + sum(alpha[i] * w[i, 1] * ((5.0 + i) - 1.0) for i in range(2))
+    m0 = 0.0 + server_lr * sum(alpha[i] * w[i, 0] * ((2.0 + i) - 0.0) for i in range(2))
+    m1 = 1.0 + server_lr * sum(alpha[i] * w[i, 1] * ((5.0 + i) - 1.0) for i in range(2))
     got = unpack(out, 2)
     assert got[0]["w"].numpy() == pytest.approx(np.full((2, 2), m0), rel=1e-5)
     assert got[1]["w"].numpy() == pytest.approx(np.full((2, 2), m1), rel=1e-5)

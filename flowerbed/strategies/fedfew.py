@@ -5,10 +5,13 @@ Every round all K models travel to each sampled client as named ArrayRecords ``m
 their K training losses. With L̃_ik = n̄_i L_ik (n̄_i = n_i / Σ_j n_j over the participants),
 
     w_ik = softmax_k(−L̃_ik / μ),   α_i = S_i⁻¹ / Σ_j S_j⁻¹,  S_i = Σ_k exp(−L̃_ik / μ),
-    θ_k ← θ_k + Σ_i α_i w_ik (θ_ik − θ_k),
+    θ_k ← θ_k + η_s Σ_i α_i w_ik (θ_ik − θ_k),
 
-all in log space (scipy's logsumexp). With K = 1 this is FedAvg's update up to the α weights
-(α_i ∝ exp(L̃_i / μ)); see the tests. Between rounds the K models are carried packed in one
+all in log space (scipy's logsumexp). The server step η_s (``fedfew-server-lr``) is 1 in the
+paper and the official code; as Σ_k Σ_i α_i w_ik = 1, each model then moves about 1/K of a FedAvg
+step per round, and η_s = K restores FedAvg's step on average (an opt-in, not the paper's).
+With K = 1 and η_s = 1 this is FedAvg's update up to the α weights (α_i ∝ exp(L̃_i / μ)); see
+the tests. Between rounds the K models are carried packed in one
 ArrayRecord (keys ``<k>.<param>``), which is what Flower's Strategy.start carries.
 """
 
@@ -65,7 +68,8 @@ class FedFewStrategy(KModelStrategy):
                 base = ref[name].numpy()
                 delta = sum(alpha[i] * w[i, k] * (r.content[f"model.{k}"][name].numpy() - base)
                             for i, r in enumerate(valid))
-                upd[name] = Array(np.asarray(base + delta).astype(base.dtype))
+                upd[name] = Array(np.asarray(base + self.cfg.fedfew_server_lr * delta)
+                                  .astype(base.dtype))
             new.append(ArrayRecord(upd))
         metrics = MetricRecord({
             "train-loss": float((n * losses.min(1)).sum() / n.sum()),
