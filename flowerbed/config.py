@@ -125,6 +125,7 @@ class Config:
     num_models: int
     fedfew_mu: float
     fedfew_server_lr: float
+    fedfew_step: str
     fedfew_distinct_init: bool
     fedfew_eval: str
     fedxds_warmup_rounds: int
@@ -268,6 +269,8 @@ class Config:
             raise ConfigError("fault-crash-after", self.fault_crash_after, "must be >= 0 (0 = off)")
         if self.fedfew_eval not in ("server", "local"):
             raise ConfigError("fedfew-eval", self.fedfew_eval, "use server or local")
+        if self.fedfew_step not in ("paper", "normalised"):
+            raise ConfigError("fedfew-step", self.fedfew_step, "use paper or normalised")
         if self.fedx_base not in FEDX_BASES:
             raise ConfigError("fedx-base", self.fedx_base, f"known bases: {', '.join(FEDX_BASES)}")
         if self.fedx_relational not in ("official", "js"):

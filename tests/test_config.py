@@ -37,6 +37,8 @@ def test_defaults_come_from_pyproject():
     ("batch-size", "32", "number (int)"),
     ("local-epochs", True, "boolean"),
     ("momentum", 1.0, "[0, 1)"),
+    ("fedfew-server-lr", 0.0, "> 0"),
+    ("fedfew-step", "adam", "paper or normalised"),
 ])
 def test_bad_values_name_the_key(key, value, needle):
     with pytest.raises(ConfigError) as e:

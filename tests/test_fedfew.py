@@ -73,10 +73,12 @@ def test_k1_update_equals_fedavg_when_clients_tie():
     assert np.allclose(unpack(out_f, 1)[0]["w"].numpy(), out_a["w"].numpy())
 
 
-@pytest.mark.parametrize("server_lr", [1.0, 2.0])
-def test_fedfew_update_by_hand(server_lr):
+@pytest.mark.parametrize(("server_lr", "step"), [(1.0, "paper"), (2.0, "paper"),
+                                                 (1.0, "normalised")])
+def test_fedfew_update_by_hand(server_lr, step):
     cfg = Config.from_run_config({"method": "fedfew", "num-models": 2, "min-clients": 1,
-                                  "fedfew-mu": 0.5, "fedfew-server-lr": server_lr})
+                                  "fedfew-mu": 0.5, "fedfew-server-lr": server_lr,
+                                  "fedfew-step": step})
     s = FedFewStrategy(cfg)
     msgs = prepared(s, 2)
     s._models, s._reference = [rec(0.0), rec(1.0)], rec(0.0)
@@ -87,8 +89,13 @@ def test_fedfew_update_by_hand(server_lr):
             for i in range(2)]
     out, metrics = s.aggregate_train(1, reps)
     w, alpha = direct(losses, n, 0.5)
-    m0 = 0.0 + server_lr * sum(alpha[i] * w[i, 0] * ((2.0 + i) - 0.0) for i in range(2))
-    m1 = 1.0 + server_lr * sum(alpha[i] * w[i, 1] * ((5.0 + i) - 1.0) for i in range(2))
+    c = alpha[:, None] * w
+    if step == "normalised":  # each model: the c-weighted average of its clients' models
+        c = c / c.sum(0)
+    m0 = 0.0 + server_lr * sum(c[i, 0] * ((2.0 + i) - 0.0) for i in range(2))
+    m1 = 1.0 + server_lr * sum(c[i, 1] * ((5.0 + i) - 1.0) for i in range(2))
+    if step == "normalised":
+        assert 2.0 <= m0 <= 3.0 and 5.0 <= m1 <= 6.0  # within its clients' models
     got = unpack(out, 2)
     assert got[0]["w"].numpy() == pytest.approx(np.full((2, 2), m0), rel=1e-5)
     assert got[1]["w"].numpy() == pytest.approx(np.full((2, 2), m1), rel=1e-5)

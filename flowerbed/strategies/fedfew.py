@@ -9,7 +9,10 @@ their K training losses. With L̃_ik = n̄_i L_ik (n̄_i = n_i / Σ_j n_j over t
 
 all in log space (scipy's logsumexp). The server step η_s (``fedfew-server-lr``) is 1 in the
 paper and the official code; as Σ_k Σ_i α_i w_ik = 1, each model then moves about 1/K of a FedAvg
-step per round, and η_s = K restores FedAvg's step on average (an opt-in, not the paper's).
+step per round, and η_s = K restores FedAvg's step on average (an opt-in, not the paper's), but
+extrapolates when one model takes most of the weight. ``fedfew-step='normalised'`` (opt-in, not
+the paper's) divides model k's weights by m_k = Σ_i α_i w_ik instead, so that with η_s = 1 each
+model becomes the α_i w_ik-weighted average of its clients' models (a convex combination).
 With K = 1 and η_s = 1 this is FedAvg's update up to the α weights (α_i ∝ exp(L̃_i / μ)); see
 the tests. Between rounds the K models are carried packed in one
 ArrayRecord (keys ``<k>.<param>``), which is what Flower's Strategy.start carries.
@@ -61,12 +64,15 @@ class FedFewStrategy(KModelStrategy):
         losses = np.array([m["losses"] for m in mrs], dtype=np.float64)
         n = np.array([m["num-examples"] for m in mrs], dtype=np.float64)
         w, alpha = fedfew_weights(losses, n, self.cfg.fedfew_mu)
+        coef = alpha[:, None] * w                           # [M, K]: the paper's delta weights
+        if self.cfg.fedfew_step == "normalised":
+            coef = coef / np.maximum(coef.sum(0, keepdims=True), np.finfo(float).tiny)
         new = []
         for k, ref in enumerate(self._models):
             upd = {}
             for name in ref:
                 base = ref[name].numpy()
-                delta = sum(alpha[i] * w[i, k] * (r.content[f"model.{k}"][name].numpy() - base)
+                delta = sum(coef[i, k] * (r.content[f"model.{k}"][name].numpy() - base)
                             for i, r in enumerate(valid))
                 upd[name] = Array(np.asarray(base + self.cfg.fedfew_server_lr * delta)
                                   .astype(base.dtype))
