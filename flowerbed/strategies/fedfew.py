@@ -14,8 +14,8 @@ extrapolates when one model takes most of the weight. ``fedfew-step='normalised'
 the paper's) divides model k's weights by m_k = Σ_i α_i w_ik instead, so that with η_s = 1 each
 model becomes the α_i w_ik-weighted average of its clients' models (a convex combination).
 With K = 1 and η_s = 1 this is FedAvg's update up to the α weights (α_i ∝ exp(L̃_i / μ)); see
-the tests. Between rounds the K models are carried packed in one
-ArrayRecord (keys ``<k>.<param>``), which is what Flower's Strategy.start carries.
+the tests. Between rounds the K models are carried packed in one ArrayRecord (keys
+``<k>.<param>``), which is what Flower's Strategy.start carries.
 """
 
 from __future__ import annotations
