@@ -44,3 +44,9 @@ def kept_splits(name: str, config: dict[str, Any], vary: tuple[str, ...] = ()
 
     keep = [s for s, c in old.get("split-configs", {}).items() if fixed(c) == fixed(config)]
     return ({s: old["results"][s] for s in keep}, {s: old["split-configs"][s] for s in keep})
+
+
+def merged_rows(kept: dict[str, Any], new: dict[str, Any], order: list[str]) -> dict[str, Any]:
+    """One split's rows: the kept earlier ones overlaid by this run's, in ``order``."""
+    merged = {**kept, **new}
+    return {m: merged[m] for m in order if m in merged}

@@ -28,7 +28,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import RESULTS, kept_splits, write_result
+from benchmarks.common import RESULTS, kept_splits, merged_rows, write_result
 from flowerbed.compare import compare, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,8 +55,8 @@ def main() -> None:
         out = ROOT / "runs" / f"bench-fedcc-{split.replace(':', '')}"
         compare(args.methods.split(","), {**base, "partition": split}, num_clients=10, out=out,
                 resume=args.resume)
-        merged = {**results.get(split, {}), **json.loads((out / "results.json").read_text())}
-        results[split] = {m: merged[m] for m in METHODS if m in merged}
+        results[split] = merged_rows(results.get(split, {}),
+                                     json.loads((out / "results.json").read_text()), METHODS)
         configs[split] = base
         table = "\n\n".join(f"### {s}\n\n" + markdown_table(results[s], {**base, "partition": s}, 10)
                               for s in SPLITS if s in results)

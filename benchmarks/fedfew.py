@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks.common import RESULTS, kept_splits, write_result
+from benchmarks.common import RESULTS, kept_splits, merged_rows, write_result
 from flowerbed.compare import compare, run_label
 from flowerbed.results import read_metrics
 
@@ -52,12 +52,11 @@ def main() -> None:
     for split in args.splits.split(","):
         out = ROOT / "runs" / f"bench-fedfew-{split.replace(':', '')}"
         compare(run, {**base, "partition": split}, num_clients=20, out=out)
-        if configs.get(split) != base:  # earlier rows of this split were measured otherwise
-            results[split] = {}
-        configs[split] = base
-        for m in run:
-            last = read_metrics(out / run_label(m))[-1]
-            results.setdefault(split, {})[m] = {k: last.get(k) for k in KEYS}
+        # earlier rows of this split are kept only if measured with these rounds too
+        kept = results.get(split, {}) if configs.get(split) == base else {}
+        last = {m: read_metrics(out / run_label(m))[-1] for m in run}
+        new = {m: {k: last[m].get(k) for k in KEYS} for m in run}
+        results[split], configs[split] = merged_rows(kept, new, METHODS), base
     rows = ["| split | rounds | method | personalised acc % | min client % | std | Jain |",
             "|---|---|---|---|---|---|---|"]
     for split in (s for s in SPLITS if s in results):

@@ -18,3 +18,8 @@ def test_kept_splits_only_with_the_same_settings(tmp_path, monkeypatch):
     assert configs["s2"]["num-server-rounds"] == 30
     assert common.kept_splits("b", {**base, "num-server-rounds": 5}) == ({}, {})
     assert common.kept_splits("missing", base) == ({}, {})
+
+
+def test_merged_rows_overlay_the_kept_ones_in_order():
+    kept = {"a": 1, "b": 2, "stale": 9}
+    assert common.merged_rows(kept, {"b": 20, "c": 3}, ["c", "b", "a"]) == {"c": 3, "b": 20, "a": 1}

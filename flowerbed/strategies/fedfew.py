@@ -65,8 +65,9 @@ class FedFewStrategy(KModelStrategy):
         n = np.array([m["num-examples"] for m in mrs], dtype=np.float64)
         w, alpha = fedfew_weights(losses, n, self.cfg.fedfew_mu)
         coef = alpha[:, None] * w                           # [M, K]: the paper's delta weights
+        mass = coef.sum(0)                                  # [K]: Σ_i α_i w_ik, sums to 1
         if self.cfg.fedfew_step == "normalised":
-            coef = coef / np.maximum(coef.sum(0, keepdims=True), np.finfo(float).tiny)
+            coef = coef / np.maximum(mass, np.finfo(float).tiny)
         new = []
         for k, ref in enumerate(self._models):
             upd = {}
@@ -80,7 +81,7 @@ class FedFewStrategy(KModelStrategy):
         metrics = MetricRecord({
             "train-loss": float((n * losses.min(1)).sum() / n.sum()),
             "assignment-entropy": float(-(w * np.log(np.maximum(w, 1e-12))).sum(1).mean()),
-            **{f"model-{k}-weight": float((alpha * w[:, k]).sum()) for k in range(self.k)},
+            **{f"model-{k}-weight": float(mass[k]) for k in range(self.k)},
         })
         self.round.train_metrics = dict(metrics)
         if self.cfg.fedfew_eval == "local":
