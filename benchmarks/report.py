@@ -58,6 +58,7 @@ def render() -> str:
                         ("fedcc", "FedCC vs FedDF, FedMD, FedAvg (ensemble accuracy)"),
                         ("fedfew", "FedFew vs IFCA, FedAvg, FedRep, Local (personalised)"),
                         ("fedxds", "FedXDS vs FedAvg, FedProx, SCAFFOLD, unmasked sharing"),
+                        ("fedxds-100clients", "FedXDS with 100 clients"),
                         ("fedade", "Fed-ADE vs fixed learning rates")):
         if d := _load(name):
             extra = ""
@@ -87,9 +88,12 @@ def render() -> str:
                          "stage (the fedcc@fedcc-ssl-epochs=20 row: the paper's 20, and a black "
                          f"probe image), {c['distill-epochs']} of distillation (FedDF also with 5), "
                          f"batch {c['batch-size']}.")
-            if name == "fedxds":
+            if name.startswith("fedxds"):
                 extra = ("\n\nRound at which each first reaches FedAvg's final accuracy: "
                          f"{d['rounds-to-fedavg-final']}")
+                if "wall-seconds" in d:
+                    extra += (f"\n\nThe whole benchmark ({d['num-clients']} clients) took "
+                              f"{d['wall-seconds'] / 60:.0f} min.")
             note = f"\n\n{d['note']}" if d.get("note") else ""
             out.append(f"**{title}** (`benchmarks/{name.split('-')[0]}.py`, {d['machine']['date']})"
                        f"\n\n{d['table']}{extra}\n\n{_checks(d)}{note}")

@@ -251,3 +251,19 @@ def test_compare_resume_keeps_finished_and_resumes_stopped(tmp_path, monkeypatch
     cmp.compare(["scaffold"], {"seed": 0}, 2, out=tmp_path)  # fresh: the old run is moved aside
     assert calls["scaffold"] is None
     assert list(tmp_path.glob("scaffold.old-*"))
+
+
+@pytest.mark.parametrize("method,extra", [("fedavg", {}), ("fedfew", {"fedfew-eval": "local"})])
+def test_single_sample_partition_is_not_a_failure(tmp_path, method, extra):
+    """Regression: 100 clients on dirichlet:0.05 give some clients one sample and so no local
+    test split; such a client used to reply a NaN loss and be counted as failed every round."""
+    rc = config(tmp_path, method, "one", **{"partition": "iid", "train-samples": 5,
+                                            "local-test-fraction": 0.2, "min-partition-size": 1,
+                                            **extra})
+    run_inprocess(rc, 3)
+    rows = read_metrics(tmp_path / "one")[1:]
+    assert [f for r in rows for f in r["failures"]] == []
+    clients = rows[-1]["per-client"]  # iid: 2, 2 and 1 samples; 1 + 1, 1 + 1 and 1 + 0
+    assert sorted(clients) == ["0", "1", "2"] and all(c["train-examples"] == 1 for c in clients.values())
+    assert sorted(p for p, c in clients.items() if "evaluate-accuracy" in c) == ["0", "1"]
+    assert np.isfinite(rows[-1]["client-accuracy"])

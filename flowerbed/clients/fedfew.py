@@ -50,9 +50,10 @@ class FedFewClient(MultiModelClient):
             out[f"model.{k}"] = to_record(model)
             losses.append(float(loss))
         metrics = {"num-examples": len(self.train_data), "losses": losses, "train-loss": min(losses)}
-        if cfg.fedfew_eval == "local":  # the official code: score the locally trained copies
+        if cfg.fedfew_eval == "local" and len(self.test_data):  # the official code: score the
+            # locally trained copies (a single-sample partition has no local test split)
             best, _ = self.best_model(models)
             loss, acc = evaluate(models[best], self.test_data, self.device)
             metrics.update({"personal-accuracy": acc, "personal-loss": loss, "chosen-model": best,
-                            "eval-examples": max(len(self.test_data), 1)})
+                            "eval-examples": len(self.test_data)})
         return self.reply(msg, metrics, **out)

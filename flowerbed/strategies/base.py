@@ -93,6 +93,7 @@ class FlowerbedFedAvg(FedAvg):
         super().__init__(**kwargs)
         self.node_of: dict[int, int] = {}       # partition id -> node id
         self.partition_of: dict[int, int] = {}  # node id -> partition id
+        self.num_test: dict[int, int] = {}      # partition id -> its local test samples (whoami)
         self.num_partitions: int | None = None
         self.round = RoundLog()
         self.model: torch.nn.Module | None = None  # the global model's network, set by the ServerApp
@@ -146,6 +147,7 @@ class FlowerbedFedAvg(FedAvg):
                 self.partition_of.pop(old, None)
             self.node_of[pid] = reply.metadata.src_node_id
             self.partition_of[reply.metadata.src_node_id] = pid
+            self.num_test[pid] = int(info.get("num-test", 1))
 
     def sample(self, grid: Grid, server_round: int, fraction: float, stream: int) -> list[int]:
         """Node ids of the sampled partitions, in partition order (deterministic per seed)."""
@@ -271,6 +273,11 @@ class FlowerbedFedAvg(FedAvg):
         """Whether evaluation rounds send messages to clients (here: only with local test data)."""
         return self.cfg.local_test_fraction > 0
 
+    def evaluates_locally(self) -> bool:
+        """Whether a client's evaluation reply is measured on its local test split only, so a
+        client without one (a partition of a single sample) has nothing to report."""
+        return True
+
     def eval_content(self, arrays: ArrayRecord) -> RecordDict:
         """What an evaluation message carries besides the config (here: the global model)."""
         return RecordDict({self.arrayrecord_key: arrays})
@@ -283,6 +290,12 @@ class FlowerbedFedAvg(FedAvg):
         if self.run_key:  # (Flower cannot count the bytes of an empty string)
             config["run-key"] = self.run_key
         node_ids = self.sample(grid, server_round, self.fraction_evaluate, stream=1)
+        if self.evaluates_locally():
+            empty = [self.partition_of[n] for n in node_ids
+                     if self.num_test.get(self.partition_of[n], 1) == 0]
+            if empty:
+                log.info("evaluate: partitions %s have no local test samples; not asked", empty)
+                node_ids = [n for n in node_ids if self.num_test.get(self.partition_of[n], 1) > 0]
         content = self.eval_content(arrays)
         content[self.configrecord_key] = config
         return self._messages(content, node_ids, MessageType.EVALUATE)

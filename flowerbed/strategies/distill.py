@@ -98,6 +98,9 @@ class DistillStrategy(FlowerbedFedAvg):
     def clients_evaluate(self) -> bool:
         return True  # the ensemble is the clients' models
 
+    def evaluates_locally(self) -> bool:
+        return False  # every client's test-set predictions feed the ensemble
+
     def eval_content(self, arrays: ArrayRecord) -> RecordDict:
         return RecordDict()  # no weights travel
 

@@ -89,7 +89,12 @@ class FedFewStrategy(KModelStrategy):
         return pack(new), metrics
 
     def _local_evaluation(self, valid: list[Message], mrs: list[MetricRecord]) -> None:
-        """The official code's timing: clients scored their locally trained copies."""
+        """The official code's timing: clients scored their locally trained copies (clients
+        without a local test split report no score)."""
+        scored = [(r, m) for r, m in zip(valid, mrs, strict=True) if "personal-accuracy" in m]
+        if not scored:
+            return
+        valid, mrs = [r for r, _ in scored], [m for _, m in scored]
         n = np.array([m["eval-examples"] for m in mrs], dtype=np.float64)
         acc = np.array([m["personal-accuracy"] for m in mrs])
         loss = np.array([m["personal-loss"] for m in mrs])
@@ -101,3 +106,9 @@ class FedFewStrategy(KModelStrategy):
 
     def clients_evaluate(self) -> bool:
         return self.cfg.fedfew_eval != "local"  # "local": evaluated inside the training round
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None:
+        if self.cfg.fedfew_eval == "local":  # keep the scores the training round brought
+            return MetricRecord(self.round.eval_metrics) if self.round.eval_metrics else None
+        return super().aggregate_evaluate(server_round, replies)
