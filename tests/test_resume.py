@@ -267,3 +267,14 @@ def test_single_sample_partition_is_not_a_failure(tmp_path, method, extra):
     assert sorted(clients) == ["0", "1", "2"] and all(c["train-examples"] == 1 for c in clients.values())
     assert sorted(p for p, c in clients.items() if "evaluate-accuracy" in c) == ["0", "1"]
     assert np.isfinite(rows[-1]["client-accuracy"])
+
+
+@pytest.mark.parametrize("method", ["fedcc", "feddf"])
+def test_ensemble_without_local_test_splits(tmp_path, method):
+    """Regression: with local-test-fraction=0 every distillation client replied a NaN local loss,
+    so every evaluation reply was refused and the ensemble had no predictions to score."""
+    run_inprocess(config(tmp_path, method, "nolocal", **{"local-test-fraction": 0.0}), 3)
+    rows = read_metrics(tmp_path / "nolocal")[1:]
+    assert [f for r in rows for f in r["failures"]] == []
+    assert all(0 < r["accuracy"] <= 1 for r in rows)  # the ensemble of all three clients
+    assert all(r["client-accuracy"] is None for r in rows)  # no local scores to report

@@ -101,7 +101,9 @@ class DistillClient(Client):
         model = self.local_model()
         test = test_set(self.cfg)
         preds = predict(model, test, self.device, probabilities=self.probabilities)
-        metrics = {"num-examples": max(len(self.test_data), 1), **self.local_accuracy(model)}
+        metrics = {"num-examples": len(self.test_data)}  # 0: no local test split, no local scores
+        if len(self.test_data):
+            metrics.update(self.local_accuracy(model))
         metrics["global-test-accuracy"] = self.global_accuracy(preds, test.y)
         content = RecordDict({TEST_PREDICTIONS: ArrayRecord({"p": Array(preds.numpy())})})
         return self.reply(msg, metrics, **content)

@@ -275,7 +275,8 @@ class FlowerbedFedAvg(FedAvg):
 
     def evaluates_locally(self) -> bool:
         """Whether a client's evaluation reply is measured on its local test split only, so a
-        client without one (a partition of a single sample) has nothing to report."""
+        client without one (a partition of a single sample) has nothing to report. Otherwise
+        such a client is asked too and replies ``num-examples`` 0 (no local scores)."""
         return True
 
     def eval_content(self, arrays: ArrayRecord) -> RecordDict:
@@ -368,7 +369,8 @@ class FlowerbedFedAvg(FedAvg):
             return f"metric '{self.weighted_by_key}' has the wrong shape (a list of {len(n)})"
         if isinstance(n, float) and not np.isfinite(n):
             return f"metric '{self.weighted_by_key}' is NaN or inf"
-        if not isinstance(n, int | float) or not n > 0:
+        if not isinstance(n, int | float) or not (n > 0 or (n == 0 and not is_train
+                                                          and not self.evaluates_locally())):
             return f"metric '{self.weighted_by_key}' missing or not positive ({n!r})"
         for k, v in mrs[0].items():
             vals = v if isinstance(v, list) else [v]

@@ -117,9 +117,11 @@ class DistillStrategy(FlowerbedFedAvg):
                 continue
             self._test_preds.append(rec["p"].numpy().astype(np.float32))
         metrics = None
-        if valid:
-            metrics = self.evaluate_metrics_aggr_fn([RecordDict({"m": metric_record(r.content)})
-                                                     for r in valid], self.weighted_by_key)
+        scored = [m for m in (metric_record(r.content) for r in valid)
+                  if m[self.weighted_by_key] > 0]  # clients without a local test split: no scores
+        if scored:
+            metrics = self.evaluate_metrics_aggr_fn([RecordDict({"m": m}) for m in scored],
+                                                    self.weighted_by_key)
         self.round.eval_metrics = dict(metrics or {})
         return metrics
 
