@@ -67,7 +67,8 @@ def test_more_clients_than_samples_is_refused():
 def test_impossible_dirichlet_min_size_is_refused():
     cfg = Config.from_run_config({"partition": "dirichlet:0.01", "train-samples": 300,
                                   "min-partition-size": 29})
-    with pytest.raises(ConfigError, match="'partition'.*cannot split"):
+    with pytest.raises(ConfigError, match="'partition'.*cannot split.*lower min-partition-size "
+                                          r"\(now 29\)"):
         client_partitions(cfg, 10)
 
 

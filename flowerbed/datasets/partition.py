@@ -107,9 +107,11 @@ def _split(labels, partition, num_partitions, seed, min_size) -> tuple[np.ndarra
         out = tuple(np.asarray(part.load_partition(i)["idx"], dtype=np.int64)
                     for i in range(num_partitions))
     except ValueError as e:
+        hint = (f"; lower min-partition-size (now {min_size}) or raise alpha"
+                if kind == "dirichlet" else "")
         raise ConfigError("partition", str(partition),
                           f"flwr-datasets cannot split {len(labels)} samples over "
-                          f"{num_partitions} clients this way ({e})") from None
+                          f"{num_partitions} clients this way ({e}){hint}") from None
     empty = [i for i, o in enumerate(out) if len(o) == 0]
     if empty:
         raise ConfigError("partition", str(partition),
