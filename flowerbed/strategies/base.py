@@ -292,11 +292,11 @@ class FlowerbedFedAvg(FedAvg):
             config["run-key"] = self.run_key
         node_ids = self.sample(grid, server_round, self.fraction_evaluate, stream=1)
         if self.evaluates_locally():
-            empty = [self.partition_of[n] for n in node_ids
-                     if self.num_test.get(self.partition_of[n], 1) == 0]
+            empty = {n for n in node_ids if self.num_test.get(self.partition_of[n], 1) == 0}
             if empty:
-                log.info("evaluate: partitions %s have no local test samples; not asked", empty)
-                node_ids = [n for n in node_ids if self.num_test.get(self.partition_of[n], 1) > 0]
+                log.info("evaluate: partitions %s have no local test samples; not asked",
+                         sorted(self.partition_of[n] for n in empty))
+                node_ids = [n for n in node_ids if n not in empty]
         content = self.eval_content(arrays)
         content[self.configrecord_key] = config
         return self._messages(content, node_ids, MessageType.EVALUATE)
@@ -304,7 +304,8 @@ class FlowerbedFedAvg(FedAvg):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
                            ) -> MetricRecord | None:
         metrics = super().aggregate_evaluate(server_round, replies)
-        self.round.eval_metrics = dict(metrics or {})
+        if self.clients_evaluate():  # else keep what the round recorded (FedFew's local scores)
+            self.round.eval_metrics = dict(metrics or {})
         return metrics
 
     # ------------------------------------------------------------------ reply validation

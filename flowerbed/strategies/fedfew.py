@@ -106,9 +106,3 @@ class FedFewStrategy(KModelStrategy):
 
     def clients_evaluate(self) -> bool:
         return self.cfg.fedfew_eval != "local"  # "local": evaluated inside the training round
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
-                           ) -> MetricRecord | None:
-        if self.cfg.fedfew_eval == "local":  # keep the scores the training round brought
-            return MetricRecord(self.round.eval_metrics) if self.round.eval_metrics else None
-        return super().aggregate_evaluate(server_round, replies)
