@@ -3,10 +3,12 @@
 Fashion-MNIST, a CNN pre-trained on 80 % of the training set, 10 clients on the remaining 20 %
 (label mixes from Dirichlet 0.1), T time steps x R rounds, 50 samples per client and step, the
 same streams and seeds for every variant. Reports the average online accuracy (after each
-step's rounds, pooled over clients), the predict-then-update accuracy and wall time.
+step's rounds, pooled over clients), the predict-then-update accuracy and wall time, and plots
+the online accuracy per time step of each setting (``benchmarks/results/fedade-<shift>-<schedule>.png``).
 Targets (issue #6): label shift lin and ber: Fed-ADE >= FixLR(mid) + 1 pp and >= no adaptation;
 covariate shift lin: >= FixLR(mid); Fed-ADE's wall time <= 1.2 x FixLR's.
 Usage: .venv/bin/python -m benchmarks.fedade [--steps 20] [--rounds-per-step 2]
+       .venv/bin/python -m benchmarks.fedade --plot-only [--runs DIR]   (redraw from the runs)
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import json
 from pathlib import Path
 
 from benchmarks.common import RESULTS, write_result
-from flowerbed.compare import compare
+from flowerbed.compare import compare, run_label
 from flowerbed.config import defaults
+from flowerbed.results import plot_curves, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 LO, HI = defaults()["fedade-lr-min"], defaults()["fedade-lr-max"]
@@ -34,6 +37,25 @@ VARIANTS = [
 NAMES = ["Fed-ADE", "FixLR(low)", "FixLR(mid)", "FixLR(high)", "no adaptation", "local-only",
          "w/o S_unc", "w/o S_rep"]
 SETTINGS = [("label", "lin"), ("label", "ber"), ("covariate", "lin")]
+PLOTTED = ["Fed-ADE", "FixLR(low)", "FixLR(mid)", "FixLR(high)", "no adaptation"]
+
+
+def plot_setting(runs: Path, shift: str, sched: str, rounds_per_step: int) -> Path:
+    """Online accuracy per time step of the main variants (Fed-ADE's predict-then-update too)."""
+    curves = {}
+    for name, variant in zip(NAMES, VARIANTS, strict=True):
+        if name not in PLOTTED:
+            continue
+        rows = read_metrics(runs / f"bench-fedade-{shift}-{sched}" / run_label(variant))
+        steps = [{"round": -(-r["round"] // rounds_per_step), "accuracy": r.get("accuracy"),
+                  "pre": r.get("pre-accuracy")} for r in rows if r["round"] > 0]
+        curves[name] = steps
+        if name == "Fed-ADE":
+            curves["Fed-ADE, predict-then-update"] = [
+                {"round": r["round"], "accuracy": r["pre"]} for r in steps]
+    out = RESULTS / f"fedade-{shift}-{sched}.png"
+    return plot_curves(curves, out, title=f"Fed-ADE, {shift} shift, {sched} (Fashion-MNIST, CPU)",
+                       xlabel="time step", ylabel="online accuracy (all clients)")
 
 
 def main() -> None:
@@ -42,8 +64,16 @@ def main() -> None:
     ap.add_argument("--rounds-per-step", type=int, default=2)
     ap.add_argument("--settings", default=",".join(f"{a}/{b}" for a, b in SETTINGS),
                     help="which shift/schedule settings to run (default: all three)")
+    ap.add_argument("--plot-only", action="store_true",
+                    help="only redraw the plots from the runs of an earlier benchmark")
+    ap.add_argument("--runs", type=Path, default=ROOT / "runs",
+                    help="where the benchmark's runs are (bench-fedade-<shift>-<schedule>/)")
     args = ap.parse_args()
     settings = [tuple(x.split("/")) for x in args.settings.split(",")]
+    if args.plot_only:
+        for shift, sched in settings:
+            print("written:", plot_setting(args.runs, shift, sched, args.rounds_per_step))
+        return
     results, lines = {}, ["| shift | schedule | variant | online acc % | predict-then-update % | wall s |",
                           "|---|---|---|---|---|---|"]
     for shift, sched in settings:
@@ -51,8 +81,9 @@ def main() -> None:
                 "fedade-rounds-per-step": args.rounds_per_step, "fedade-shift": shift,
                 "fedade-schedule": sched, "partition": "dirichlet:0.1", "min-partition-size": 6,
                 "fraction-train": 0.5}
-        out = ROOT / "runs" / f"bench-fedade-{shift}-{sched}"
+        out = args.runs / f"bench-fedade-{shift}-{sched}"
         compare(VARIANTS, base, num_clients=10, out=out)
+        plot_setting(args.runs, shift, sched, args.rounds_per_step)
         res = json.loads((out / "results.json").read_text())
         results[f"{shift}/{sched}"] = {n: res[v] for n, v in zip(NAMES, VARIANTS, strict=True)}
         for n in NAMES:

@@ -77,6 +77,14 @@ def render() -> str:
                          f"settings {', '.join(d['settings'])} (the script's defaults: 20 x 2, "
                          "label/lin, label/ber and covariate/lin); 10 clients, the same streams "
                          "and seeds for every variant.")
+                plots = [f"![Fed-ADE, {s.replace('/', ' shift, ')}: online accuracy per time step]"
+                         f"(benchmarks/results/fedade-{s.replace('/', '-')}.png)"
+                         for s in d["settings"]
+                         if (RESULTS / f"fedade-{s.replace('/', '-')}.png").exists()]
+                if plots:
+                    extra += ("\n\nOnline accuracy per time step (Fed-ADE also predict-then-"
+                              "update; the ablations are in the table only):\n\n"
+                              + "\n".join(plots))
             if name == "fedcc" and "splits-run" in d:
                 c = d["config"]
                 extra = (f"\n\nThis run: splits {', '.join(d['splits-run'])} (the script runs "

@@ -134,8 +134,9 @@ def progress_line(row: dict[str, Any]) -> str:
 
 
 def plot_curves(curves: dict[str, list[dict[str, Any]]], out: Path, title: str = "",
-                key: str = "accuracy") -> Path:
-    """One line per run of ``key`` (test accuracy by default) against the round."""
+                key: str = "accuracy", xlabel: str = "round", ylabel: str | None = None) -> Path:
+    """One line per run of ``key`` (test accuracy by default) against the rows' ``round``
+    (which a caller may fill with another index, e.g. Fed-ADE's time step, named by ``xlabel``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -146,8 +147,8 @@ def plot_curves(curves: dict[str, list[dict[str, Any]]], out: Path, title: str =
         pts = [(r["round"], r[key]) for r in rows if r.get(key) is not None]
         if pts:
             ax.plot(*zip(*pts, strict=True), marker="o", markersize=3, label=name)
-    ax.set_xlabel("round")
-    ax.set_ylabel(f"test {key}")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel or f"test {key}")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

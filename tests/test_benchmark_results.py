@@ -23,3 +23,19 @@ def test_kept_splits_only_with_the_same_settings(tmp_path, monkeypatch):
 def test_merged_rows_overlay_the_kept_ones_in_order():
     kept = {"a": 1, "b": 2, "stale": 9}
     assert common.merged_rows(kept, {"b": 20, "c": 3}, ["c", "b", "a"]) == {"c": 3, "b": 20, "a": 1}
+
+
+def test_fedade_plot_per_time_step(tmp_path, monkeypatch):
+    """The Fed-ADE benchmark's plot reads each variant's run and draws one point per time step."""
+    import benchmarks.fedade as fedade
+    from flowerbed.compare import run_label
+
+    monkeypatch.setattr(fedade, "RESULTS", tmp_path)
+    for variant in fedade.VARIANTS:  # 3 steps x 2 rounds: pre-accuracy first, online at step end
+        run = tmp_path / "runs" / "bench-fedade-label-lin" / run_label(variant)
+        run.mkdir(parents=True)
+        rows = [{"round": r, "accuracy": 0.8 if r % 2 == 0 else None,
+                 "pre-accuracy": 0.7 if r % 2 else None} for r in range(7)]
+        (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = fedade.plot_setting(tmp_path / "runs", "label", "lin", rounds_per_step=2)
+    assert out == tmp_path / "fedade-label-lin.png" and out.stat().st_size > 1000
