@@ -21,6 +21,7 @@ Usage: .venv/bin/python -m benchmarks.fedfew [--rounds 30] [--train-samples 1200
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from benchmarks.common import RESULTS, kept_splits, merged_rows, write_result
@@ -39,6 +40,7 @@ METHODS = ["fedfew", *OPT_IN, *PROTOCOL, "ifca", "fedavg", "fedavg-ft", "fedrep"
            "local"]
 SPLITS = ["pathological:2", "dirichlet:0.1"]
 KEYS = ("client-accuracy", "client-accuracy-min", "client-accuracy-std", "jain-index")
+UP = "bytes-up-per-client-round"  # from the run's summary: K models for FedFew, one for the rest
 
 
 def main() -> None:
@@ -62,17 +64,31 @@ def main() -> None:
         # earlier rows of this split are kept only if measured with these rounds too
         kept = results.get(split, {}) if configs.get(split) == base else {}
         last = {m: read_metrics(out / run_label(m))[-1] for m in run}
-        new = {m: {k: last[m].get(k) for k in KEYS} for m in run}
+        summaries = json.loads((out / "results.json").read_text())
+        new = {m: {**{k: last[m].get(k) for k in KEYS},
+                   UP: summaries[m].get(UP)} for m in run}
         results[split], configs[split] = merged_rows(kept, new, METHODS), base
-    rows = ["| split | rounds | method | personalised acc % | min client % | std | Jain |",
-            "|---|---|---|---|---|---|---|"]
+    table, checks = render(results, configs)
+    (RESULTS / "fedfew.md").write_text(table + "\n")
+    write_result("fedfew", {"table": table, "checks": checks, "config": base,
+                            "split-configs": configs, "results": results})
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.2f}"
+
+
+def render(results: dict[str, dict], configs: dict[str, dict]) -> tuple[str, dict[str, bool | None]]:
+    """The README table and the target checks from the per-split rows."""
+    rows = ["| split | rounds | method | personalised acc % | min client % | std | Jain | "
+            "up MB/client/round |", "|---|---|---|---|---|---|---|---|"]
     for split in (s for s in SPLITS if s in results):
         for m in METHODS:
             r = results[split].get(m, dict.fromkeys(KEYS))
             n = configs[split]["num-server-rounds"]
             rows.append(f"| {split} | {n} | {m} | {_pct(r['client-accuracy'])} | "
                         f"{_pct(r['client-accuracy-min'])} | {_num(r['client-accuracy-std'])} | "
-                        f"{_num(r['jain-index'])} |")
+                        f"{_num(r['jain-index'])} | {_mb(r.get(UP))} |")
     table = "\n".join(rows)
 
     def acc(split: str, m: str) -> float | None:
@@ -88,13 +104,11 @@ def main() -> None:
             checks[f"{split} {name} >= ifca"] = None if None in (alt, ifca) else alt >= ifca
             checks[f"{split} {name} >= fedavg + 5pp"] = (None if None in (alt, avg)
                                                          else alt >= avg + 0.05)
-    (RESULTS / "fedfew.md").write_text(table + "\n")
-    write_result("fedfew", {"table": table, "checks": checks, "config": base,
-                            "split-configs": configs, "results": results})
+    return table, checks
 
 
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:.2f}"
+def _mb(v: float | None) -> str:
+    return "-" if v is None else f"{v / 1e6:.2f}"
 
 
 def _num(v: float | None) -> str:
