@@ -39,3 +39,19 @@ def test_fedade_plot_per_time_step(tmp_path, monkeypatch):
         (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = fedade.plot_setting(tmp_path / "runs", "label", "lin", rounds_per_step=2)
     assert out == tmp_path / "fedade-label-lin.png" and out.stat().st_size > 1000
+
+
+def test_fedfew_table_reports_bytes_and_checks_the_default_only():
+    from benchmarks.fedfew import UP, render
+
+    row = {"client-accuracy": 0.9, "client-accuracy-min": 0.5, "client-accuracy-std": 0.1,
+           "jain-index": 0.99}
+    results = {"dirichlet:0.1": {"fedfew": {**row, UP: 19.96e6}, "ifca": {**row, UP: 6.65e6},
+                                 "fedavg": {**row, "client-accuracy": 0.8},
+                                 "fedfew@fedfew-eval='local'": {**row, "client-accuracy": 0.99}}}
+    table, checks = render(results, {"dirichlet:0.1": {"num-server-rounds": 30}})
+    assert "| dirichlet:0.1 | 30 | fedfew | 90.00 | 50.00 | 0.100 | 0.990 | 19.96 |" in table
+    assert "| dirichlet:0.1 | 30 | fedavg | 80.00 | 50.00 | 0.100 | 0.990 | - |" in table
+    assert checks["dirichlet:0.1 fedfew >= ifca"] and checks["dirichlet:0.1 fedfew >= fedavg + 5pp"]
+    assert not any("eval" in k for k in checks)  # the official-evaluation row is not checked
+    assert checks["pathological:2 fedfew >= ifca"] is None  # split not measured
