@@ -38,7 +38,8 @@ def render() -> str:
                    f"{d['config']['rounds']} rounds) took **{d['wall-seconds']:.0f} s** from the "
                    f"command to the summary, start-up included (target ≤ 300 s), and reached "
                    f"**{_pct(d['final-accuracy'])}** test accuracy (target ≥ 85 %); per round "
-                   f"{', '.join(f'{s:.0f}' for s in d['seconds-per-round'][1:])} s.")
+                   f"{', '.join(f'{s:.0f}' for s in d['seconds-per-round'][1:])} s. "
+                   f"{d.get('note', '')}".rstrip())
     if d := _load("overhead"):
         out.append(f"**Flower overhead** (`benchmarks/overhead.py`, {d['machine']['date']}): "
                    f"{d['setup']}. Plain sequential PyTorch loop in one process: "
