@@ -40,15 +40,16 @@ SETTINGS = [("label", "lin"), ("label", "ber"), ("covariate", "lin")]
 PLOTTED = ["Fed-ADE", "FixLR(low)", "FixLR(mid)", "FixLR(high)", "no adaptation"]
 
 
-def plot_setting(runs: Path, shift: str, sched: str, rounds_per_step: int) -> Path:
-    """Online accuracy per time step of the main variants (Fed-ADE's predict-then-update too)."""
+def plot_setting(runs: Path, shift: str, sched: str) -> Path:
+    """Online accuracy per time step of the main variants (Fed-ADE's predict-then-update too),
+    each row placed at the time step its run recorded (``time-step``, 0-based; drawn from 1)."""
     curves = {}
     for name, variant in zip(NAMES, VARIANTS, strict=True):
         if name not in PLOTTED:
             continue
         rows = read_metrics(runs / f"bench-fedade-{shift}-{sched}" / run_label(variant))
-        steps = [{"round": -(-r["round"] // rounds_per_step), "accuracy": r.get("accuracy"),
-                  "pre": r.get("pre-accuracy")} for r in rows if r["round"] > 0]
+        steps = [{"round": round(r["time-step"]) + 1, "accuracy": r.get("accuracy"),
+                  "pre": r.get("pre-accuracy")} for r in rows if r.get("time-step") is not None]
         curves[name] = steps
         if name == "Fed-ADE":
             curves["Fed-ADE, predict-then-update"] = [
@@ -72,7 +73,7 @@ def main() -> None:
     settings = [tuple(x.split("/")) for x in args.settings.split(",")]
     if args.plot_only:
         for shift, sched in settings:
-            print("written:", plot_setting(args.runs, shift, sched, args.rounds_per_step))
+            print("written:", plot_setting(args.runs, shift, sched))
         return
     results, lines = {}, ["| shift | schedule | variant | online acc % | predict-then-update % | wall s |",
                           "|---|---|---|---|---|---|"]
@@ -83,7 +84,7 @@ def main() -> None:
                 "fraction-train": 0.5}
         out = args.runs / f"bench-fedade-{shift}-{sched}"
         compare(VARIANTS, base, num_clients=10, out=out)
-        plot_setting(args.runs, shift, sched, args.rounds_per_step)
+        plot_setting(args.runs, shift, sched)
         res = json.loads((out / "results.json").read_text())
         results[f"{shift}/{sched}"] = {n: res[v] for n, v in zip(NAMES, VARIANTS, strict=True)}
         for n in NAMES:

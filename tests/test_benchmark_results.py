@@ -34,10 +34,11 @@ def test_fedade_plot_per_time_step(tmp_path, monkeypatch):
     for variant in fedade.VARIANTS:  # 3 steps x 2 rounds: pre-accuracy first, online at step end
         run = tmp_path / "runs" / "bench-fedade-label-lin" / run_label(variant)
         run.mkdir(parents=True)
-        rows = [{"round": r, "accuracy": 0.8 if r % 2 == 0 else None,
-                 "pre-accuracy": 0.7 if r % 2 else None} for r in range(7)]
+        rows = [{"round": 0}] + [{"round": r, "time-step": (r - 1) // 2,
+                                  "accuracy": 0.8 if r % 2 == 0 else None,
+                                  "pre-accuracy": 0.7 if r % 2 else None} for r in range(1, 7)]
         (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    out = fedade.plot_setting(tmp_path / "runs", "label", "lin", rounds_per_step=2)
+    out = fedade.plot_setting(tmp_path / "runs", "label", "lin")
     assert out == tmp_path / "fedade-label-lin.png" and out.stat().st_size > 1000
 
 
