@@ -1,6 +1,7 @@
 """Flower's deployment engine with real processes: a SuperLink and SuperNodes started by
-``flowerbed.deploy`` (TLS, SuperNode authentication), every method (2 rounds where state crosses rounds), a SuperNode
-killed mid-run, a SuperNode's own data folder, and certificates/keys Flower accepts.
+``flowerbed.deploy`` (TLS, SuperNode authentication), every method (2 rounds where state
+crosses rounds, else 1), a SuperNode killed mid-run, a SuperNode's own data folder, and
+certificates/keys Flower accepts.
 
 Deployed ClientApps start one process per message and SuperNodes poll every 3 s, so a 2-round run
 takes about a minute; the method runs share one deployment and run concurrently.
