@@ -70,6 +70,13 @@ def test_impossible_dirichlet_min_size_is_refused():
     with pytest.raises(ConfigError, match="'partition'.*cannot split.*lower min-partition-size "
                                           r"\(now 29\)"):
         client_partitions(cfg, 10)
+    # at a minimum of 1 there is nothing to lower (0 leaves clients empty): the other ways out
+    cfg = Config.from_run_config({"partition": "dirichlet:0.05", "train-samples": 200, "seed": 1,
+                                  "min-partition-size": 1})
+    with pytest.raises(ConfigError, match="cannot split 200 samples over 20 clients") as e:
+        client_partitions(cfg, 20)
+    assert "lower min-partition-size" not in str(e.value)
+    assert "more train-samples or fewer clients, or another seed" in str(e.value)
 
 
 def test_parse_partition_round_trip():

@@ -107,8 +107,11 @@ def _split(labels, partition, num_partitions, seed, min_size) -> tuple[np.ndarra
         out = tuple(np.asarray(part.load_partition(i)["idx"], dtype=np.int64)
                     for i in range(num_partitions))
     except ValueError as e:
-        hint = (f"; lower min-partition-size (now {min_size}) or raise alpha"
-                if kind == "dirichlet" else "")
+        hint = ""
+        if kind == "dirichlet":  # flwr-datasets redraws at most 10 times, then gives up
+            lower = f"lower min-partition-size (now {min_size}), " if min_size > 1 else ""
+            hint = (f"; {lower}raise alpha, use more train-samples or fewer clients, or another "
+                    "seed (flwr-datasets gives up after 10 draws)")
         raise ConfigError("partition", str(partition),
                           f"flwr-datasets cannot split {len(labels)} samples over "
                           f"{num_partitions} clients this way ({e}){hint}") from None
