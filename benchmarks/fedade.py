@@ -24,11 +24,26 @@ from flowerbed.results import plot_curves, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 LO, HI = defaults()["fedade-lr-min"], defaults()["fedade-lr-max"]
+
+
+def fixed(lr: float) -> str:
+    """The FixLR baseline at learning rate ``lr``, as a launcher method spec."""
+    return f"fedade@fedade-lr-mode='fixed'@fedade-fixed-lr={lr}"
+
+
+def base_config(shift: str, sched: str, steps: int, rounds_per_step: int) -> dict:
+    """The run-config every variant of one setting shares (streams, seed, sampling)."""
+    return {"num-server-rounds": steps * rounds_per_step, "seed": 0,
+            "fedade-rounds-per-step": rounds_per_step, "fedade-shift": shift,
+            "fedade-schedule": sched, "partition": "dirichlet:0.1", "min-partition-size": 6,
+            "fraction-train": 0.5}
+
+
 VARIANTS = [
     "fedade",
-    f"fedade@fedade-lr-mode='fixed'@fedade-fixed-lr={LO}",
-    f"fedade@fedade-lr-mode='fixed'@fedade-fixed-lr={(LO + HI) / 2}",
-    f"fedade@fedade-lr-mode='fixed'@fedade-fixed-lr={HI}",
+    fixed(LO),
+    fixed((LO + HI) / 2),
+    fixed(HI),
     "fedade@fedade-lr-mode='none'",
     "fedade@fedade-sync=false",
     "fedade@fedade-estimators='rep'",
@@ -78,10 +93,7 @@ def main() -> None:
     results, lines = {}, ["| shift | schedule | variant | online acc % | predict-then-update % | wall s |",
                           "|---|---|---|---|---|---|"]
     for shift, sched in settings:
-        base = {"num-server-rounds": args.steps * args.rounds_per_step, "seed": 0,
-                "fedade-rounds-per-step": args.rounds_per_step, "fedade-shift": shift,
-                "fedade-schedule": sched, "partition": "dirichlet:0.1", "min-partition-size": 6,
-                "fraction-train": 0.5}
+        base = base_config(shift, sched, args.steps, args.rounds_per_step)
         out = args.runs / f"bench-fedade-{shift}-{sched}"
         compare(VARIANTS, base, num_clients=10, out=out)
         plot_setting(args.runs, shift, sched)

@@ -1,0 +1,65 @@
+"""How Fed-ADE vs FixLR depends on the learning-rate bounds [eta_min, eta_max] (not a target).
+
+The Fed-ADE benchmark (``benchmarks/fedade.py``) uses the official code's label-shift bounds for
+CIFAR-10, [1e-5, 1e-3], which that code applies to raw 0-255 pixels; here inputs are normalised,
+so the same numbers sit elsewhere relative to the best fixed rate. This script scales both bounds
+by 1, 10 and 100 and runs, for each scale, Fed-ADE and FixLR(low / mid / high) = eta_min,
+(eta_min + eta_max) / 2 and eta_max on the benchmark's streams, seeds and rounds (label shift,
+lin and ber). Every variant of a scale shares its bounds. The issue's check stays on the
+benchmark's bounds; this table shows where the comparison turns.
+Usage: .venv/bin/python -m benchmarks.fedade_bounds [--scales 1,10,100] [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks.common import write_result
+from benchmarks.fedade import HI, LO, base_config, fixed
+from flowerbed.compare import compare, run_label
+from flowerbed.results import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = ["Fed-ADE", "FixLR(low)", "FixLR(mid)", "FixLR(high)"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scales", default="1,10,100", help="factors applied to both bounds")
+    ap.add_argument("--settings", default="label/lin,label/ber")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds-per-step", type=int, default=2)
+    args = ap.parse_args()
+    scales = [float(x) for x in args.scales.split(",")]
+    lines = ["| shift | schedule | bounds | Fed-ADE % | FixLR(low) % | FixLR(mid) % | "
+             "FixLR(high) % | Fed-ADE - FixLR(mid) pp | Fed-ADE mean lr |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    results = {}
+    for setting in args.settings.split(","):
+        shift, sched = setting.split("/")
+        for scale in scales:
+            lo, hi = LO * scale, HI * scale
+            variants = ["fedade", fixed(lo), fixed((lo + hi) / 2), fixed(hi)]
+            base = {**base_config(shift, sched, args.steps, args.rounds_per_step),
+                    "fedade-lr-min": lo, "fedade-lr-max": hi}
+            out = ROOT / "runs" / f"bench-fedade-bounds-{shift}-{sched}-x{scale:g}"
+            compare(variants, base, num_clients=10, out=out)
+            res = json.loads((out / "results.json").read_text())
+            acc = {n: res[v]["mean-accuracy"] for n, v in zip(NAMES, variants, strict=True)}
+            lrs = [r["lr"] for r in read_metrics(out / run_label("fedade")) if r.get("lr")]
+            lr = sum(lrs) / len(lrs) if lrs else None  # mean over rounds of the clients' mean
+            key = f"{setting} x{scale:g}"
+            results[key] = {"bounds": [lo, hi], "mean-accuracy": acc, "fedade-mean-lr": lr}
+            lines.append(f"| {shift} | {sched} | [{lo:.0e}, {hi:.0e}] | "
+                         + " | ".join(f"{100 * acc[n]:.2f}" for n in NAMES)
+                         + f" | {100 * (acc['Fed-ADE'] - acc['FixLR(mid)']):+.2f} | "
+                         + ("-" if lr is None else f"{lr:.1e}") + " |")
+    table = "\n".join(lines)
+    write_result("fedade_bounds", {"table": table, "results": results, "steps": args.steps,
+                                   "rounds-per-step": args.rounds_per_step})
+
+
+if __name__ == "__main__":
+    main()
