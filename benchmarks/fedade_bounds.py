@@ -25,6 +25,14 @@ ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["Fed-ADE", "FixLR(low)", "FixLR(mid)", "FixLR(high)"]
 
 
+def scaled(scale: float) -> tuple[list[str], dict[str, float]]:
+    """Fed-ADE and FixLR(low / mid / high) with both bounds times ``scale``, and those bounds as
+    run-config overrides (every variant of a scale runs with them)."""
+    lo, hi = LO * scale, HI * scale
+    return (["fedade", fixed(lo), fixed((lo + hi) / 2), fixed(hi)],
+            {"fedade-lr-min": lo, "fedade-lr-max": hi})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scales", default="1,10,100", help="factors applied to both bounds")
@@ -40,10 +48,9 @@ def main() -> None:
     for setting in args.settings.split(","):
         shift, sched = setting.split("/")
         for scale in scales:
-            lo, hi = LO * scale, HI * scale
-            variants = ["fedade", fixed(lo), fixed((lo + hi) / 2), fixed(hi)]
-            base = {**base_config(shift, sched, args.steps, args.rounds_per_step),
-                    "fedade-lr-min": lo, "fedade-lr-max": hi}
+            variants, bounds = scaled(scale)
+            lo, hi = bounds["fedade-lr-min"], bounds["fedade-lr-max"]
+            base = {**base_config(shift, sched, args.steps, args.rounds_per_step), **bounds}
             out = ROOT / "runs" / f"bench-fedade-bounds-{shift}-{sched}-x{scale:g}"
             compare(variants, base, num_clients=10, out=out)
             res = json.loads((out / "results.json").read_text())

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 import benchmarks.common as common
 
 
@@ -56,3 +58,16 @@ def test_fedfew_table_reports_bytes_and_checks_the_default_only():
     assert checks["dirichlet:0.1 fedfew >= ifca"] and checks["dirichlet:0.1 fedfew >= fedavg + 5pp"]
     assert not any("eval" in k for k in checks)  # the official-evaluation row is not checked
     assert checks["pathological:2 fedfew >= ifca"] is None  # split not measured
+
+
+def test_fedade_bounds_scale_every_variant_alike():
+    """The bounds sweep scales both bounds, and FixLR(low/mid/high) follow them."""
+    from benchmarks.fedade import HI, LO, VARIANTS
+    from benchmarks.fedade_bounds import scaled
+    from flowerbed.compare import parse_variant
+
+    assert scaled(1)[0] == VARIANTS[:4]  # scale 1 is the Fed-ADE benchmark's own variants
+    variants, bounds = scaled(10)
+    assert bounds == {"fedade-lr-min": LO * 10, "fedade-lr-max": HI * 10}
+    lrs = [parse_variant(v)[1]["fedade-fixed-lr"] for v in variants[1:]]
+    assert lrs == pytest.approx([LO * 10, (LO + HI) * 5, HI * 10])
