@@ -60,7 +60,9 @@ def render() -> str:
                         ("fedfew", "FedFew vs IFCA, FedAvg, FedRep, Local (personalised)"),
                         ("fedxds", "FedXDS vs FedAvg, FedProx, SCAFFOLD, unmasked sharing"),
                         ("fedxds-100clients", "FedXDS with 100 clients"),
-                        ("fedade", "Fed-ADE vs fixed learning rates")):
+                        ("fedade", "Fed-ADE vs fixed learning rates"),
+                        ("fedade_bounds", "Fed-ADE vs FixLR as both learning-rate bounds scale "
+                                          "(no target; the checks above use the x1 bounds)")):
         if d := _load(name):
             extra = ""
             if name == "fedx":

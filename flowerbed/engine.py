@@ -148,18 +148,30 @@ def _alive(pid: int) -> bool:
 @contextlib.contextmanager
 def local_superlink(home: Path | None = None, port: int | None = None,
                     log_file: Path | None = None) -> Iterator[tuple[Path, str]]:
-    """Start a simulation SuperLink that uses this venv; yield (FLWR_HOME, connection name)."""
-    home = Path(home or PROJECT / ".flwr-home").resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    out = open(log_file or home / "superlink.log", "ab")  # noqa: SIM115 - closed below
+    """Start a simulation SuperLink that uses this venv; yield (FLWR_HOME, connection name).
+
+    Without ``home`` each call gets its own FLWR_HOME under ``.flwr-home/`` (removed afterwards;
+    the log goes to ``.flwr-home/superlink.log``): the connection lives in FLWR_HOME's
+    config.toml, so two launchers in one project, or a launcher next to ``flowerbed superlink
+    up``, would otherwise point each other's `flwr run` at the wrong SuperLink.
+    """
     port = port or free_port()
-    proc = _start(home, port, out)
+    own = home is None
+    shared = PROJECT / ".flwr-home"
+    home = Path(home or shared / f"local-{os.getpid()}-{port}").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    out = open(log_file or (shared if own else home) / "superlink.log", "ab")  # noqa: SIM115
     try:
-        log.info("SuperLink (pid %d) on 127.0.0.1:%d, FLWR_HOME=%s", proc.pid, port, home)
-        yield home, CONNECTION
+        proc = _start(home, port, out)
+        try:
+            log.info("SuperLink (pid %d) on 127.0.0.1:%d, FLWR_HOME=%s", proc.pid, port, home)
+            yield home, CONNECTION
+        finally:
+            _stop(proc)
     finally:
-        _stop(proc)
         out.close()
+        if own:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -70,6 +70,25 @@ def test_plain_flwr_run_against_flowerbed_superlink(tmp_path):
     assert pid is not None and not engine._alive(pid)
 
 
+def test_two_launchers_keep_their_own_superlink(tmp_path, monkeypatch):
+    """Two `flowerbed compare`/`run` at once in one project, next to `flowerbed superlink up`:
+    each launcher's connection (FLWR_HOME's config.toml) names its own SuperLink, and the
+    detached one's is left alone."""
+    monkeypatch.setattr(engine, "PROJECT", tmp_path)
+    engine.superlink_up(port=(up := engine.free_port()))
+    try:
+        with engine.local_superlink() as (h1, c1), engine.local_superlink() as (h2, c2):
+            assert h1 != h2 and c1 == c2
+            ports = [int((h / "config.toml").read_text().split('127.0.0.1:')[1].split('"')[0])
+                     for h in (h1, h2)]
+            assert len({*ports, up}) == 3 and all(engine.port_open("127.0.0.1", p) for p in ports)
+        assert f"127.0.0.1:{up}" in (tmp_path / ".flwr-home" / "config.toml").read_text()
+    finally:
+        engine.superlink_down()
+    assert not h1.exists() and not h2.exists()  # each launcher's own FLWR_HOME is removed
+    assert (tmp_path / ".flwr-home" / "superlink.log").stat().st_size > 0
+
+
 @pytest.mark.parametrize("kind", ["raise"])  # every kind x every method: tests/test_resume.py
 def test_failing_clients_do_not_end_the_run(superlink, tmp_path, kind):
     run(superlink, tmp_path, kind, method="fedavg", **{"fault-fraction": 0.4, "fault-kind": kind})
