@@ -106,8 +106,9 @@ def render() -> str:
                     extra += (f"\n\nThe whole benchmark ({d['num-clients']} clients) took "
                               f"{d['wall-seconds'] / 60:.0f} min.")
             note = f"\n\n{d['note']}" if d.get("note") else ""
+            checks = f"\n\n{c}" if (c := _checks(d)) else ""
             out.append(f"**{title}** (`benchmarks/{name.split('-')[0]}.py`, {d['machine']['date']})"
-                       f"\n\n{d['table']}{extra}\n\n{_checks(d)}{note}")
+                       f"\n\n{d['table']}{extra}{checks}{note}")
     if d := _load("fedxds_privacy"):
         m, u = d["masked"], d["unmasked"]
         out.append(f"**FedXDS privacy** (`benchmarks/fedxds_privacy.py`, {d['machine']['date']}): "
