@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import write_result
+from benchmarks.common import RESULTS, write_result
 from benchmarks.fedade import HI, LO, base_config, fixed
 from flowerbed.compare import compare, run_label
 from flowerbed.results import read_metrics
@@ -33,6 +33,22 @@ def scaled(scale: float) -> tuple[list[str], dict[str, float]]:
             {"fedade-lr-min": lo, "fedade-lr-max": hi})
 
 
+def render(results: dict[str, dict]) -> str:
+    """The table, a row per "<shift>/<schedule> x<scale>" key, by setting and then scale."""
+    lines = ["| shift | schedule | bounds | Fed-ADE % | FixLR(low) % | FixLR(mid) % | "
+             "FixLR(high) % | Fed-ADE - FixLR(mid) pp | Fed-ADE mean lr |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for key, r in sorted(results.items(), key=lambda kv: (kv[0].split()[0] != "label/lin",
+                                                           kv[0].split()[0], kv[1]["bounds"])):
+        shift, sched = key.split()[0].split("/")
+        (lo, hi), acc, lr = r["bounds"], r["mean-accuracy"], r["fedade-mean-lr"]
+        lines.append(f"| {shift} | {sched} | [{lo:.0e}, {hi:.0e}] | "
+                     + " | ".join(f"{100 * acc[n]:.2f}" for n in NAMES)
+                     + f" | {100 * (acc['Fed-ADE'] - acc['FixLR(mid)']):+.2f} | "
+                     + ("-" if lr is None else f"{lr:.1e}") + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scales", default="1,10,100", help="factors applied to both bounds")
@@ -41,15 +57,14 @@ def main() -> None:
     ap.add_argument("--rounds-per-step", type=int, default=2)
     args = ap.parse_args()
     scales = [float(x) for x in args.scales.split(",")]
-    lines = ["| shift | schedule | bounds | Fed-ADE % | FixLR(low) % | FixLR(mid) % | "
-             "FixLR(high) % | Fed-ADE - FixLR(mid) pp | Fed-ADE mean lr |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    results = {}
+    # rows an earlier run measured with the same steps and rounds are kept (a run may add some)
+    old = json.loads(p.read_text()) if (p := RESULTS / "fedade_bounds.json").exists() else {}
+    same = (old.get("steps"), old.get("rounds-per-step")) == (args.steps, args.rounds_per_step)
+    results = dict(old.get("results", {})) if same else {}
     for setting in args.settings.split(","):
         shift, sched = setting.split("/")
         for scale in scales:
             variants, bounds = scaled(scale)
-            lo, hi = bounds["fedade-lr-min"], bounds["fedade-lr-max"]
             base = {**base_config(shift, sched, args.steps, args.rounds_per_step), **bounds}
             out = ROOT / "runs" / f"bench-fedade-bounds-{shift}-{sched}-x{scale:g}"
             compare(variants, base, num_clients=10, out=out)
@@ -57,15 +72,11 @@ def main() -> None:
             acc = {n: res[v]["mean-accuracy"] for n, v in zip(NAMES, variants, strict=True)}
             lrs = [r["lr"] for r in read_metrics(out / run_label("fedade")) if r.get("lr")]
             lr = sum(lrs) / len(lrs) if lrs else None  # mean over rounds of the clients' mean
-            key = f"{setting} x{scale:g}"
-            results[key] = {"bounds": [lo, hi], "mean-accuracy": acc, "fedade-mean-lr": lr}
-            lines.append(f"| {shift} | {sched} | [{lo:.0e}, {hi:.0e}] | "
-                         + " | ".join(f"{100 * acc[n]:.2f}" for n in NAMES)
-                         + f" | {100 * (acc['Fed-ADE'] - acc['FixLR(mid)']):+.2f} | "
-                         + ("-" if lr is None else f"{lr:.1e}") + " |")
-    table = "\n".join(lines)
-    write_result("fedade_bounds", {"table": table, "results": results, "steps": args.steps,
-                                   "rounds-per-step": args.rounds_per_step})
+            results[f"{setting} x{scale:g}"] = {
+                "bounds": [bounds["fedade-lr-min"], bounds["fedade-lr-max"]],
+                "mean-accuracy": acc, "fedade-mean-lr": lr}
+    write_result("fedade_bounds", {"table": render(results), "results": results,
+                                   "steps": args.steps, "rounds-per-step": args.rounds_per_step})
 
 
 if __name__ == "__main__":
