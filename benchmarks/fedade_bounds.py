@@ -38,8 +38,13 @@ def render(results: dict[str, dict]) -> str:
     lines = ["| shift | schedule | bounds | Fed-ADE % | FixLR(low) % | FixLR(mid) % | "
              "FixLR(high) % | Fed-ADE - FixLR(mid) pp | Fed-ADE mean lr |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for key, r in sorted(results.items(), key=lambda kv: (kv[0].split()[0] != "label/lin",
-                                                           kv[0].split()[0], kv[1]["bounds"])):
+    order = ["label/lin", "label/ber", "covariate/lin"]  # the Fed-ADE benchmark's order
+
+    def rank(kv: tuple[str, dict]) -> tuple:
+        setting = kv[0].split()[0]
+        return (order.index(setting) if setting in order else len(order), setting, kv[1]["bounds"])
+
+    for key, r in sorted(results.items(), key=rank):
         shift, sched = key.split()[0].split("/")
         (lo, hi), acc, lr = r["bounds"], r["mean-accuracy"], r["fedade-mean-lr"]
         lines.append(f"| {shift} | {sched} | [{lo:.0e}, {hi:.0e}] | "

@@ -80,9 +80,10 @@ def test_fedade_bounds_table_orders_settings_then_bounds():
         acc = {"Fed-ADE": 0.9, "FixLR(low)": 0.8, "FixLR(mid)": mid, "FixLR(high)": 0.7}
         return {"bounds": [lo, lo * 100], "mean-accuracy": acc, "fedade-mean-lr": lo * 5}
 
-    table = render({"covariate/lin x1": row(1e-5, 0.9), "label/lin x100": row(1e-3, 0.8755),
-                    "label/lin x1": row(1e-5, 0.9033)}).splitlines()
-    assert [r.split(" | ")[1:3] for r in table[2:]] == [
-        ["lin", "[1e-05, 1e-03]"], ["lin", "[1e-03, 1e-01]"], ["lin", "[1e-05, 1e-03]"]]
-    assert table[2].startswith("| label") and table[4].startswith("| covariate")
+    table = render({"covariate/lin x1": row(1e-5, 0.9), "label/ber x1": row(1e-5, 0.9),
+                    "label/lin x100": row(1e-3, 0.8755), "label/lin x1": row(1e-5, 0.9033)}
+                   ).splitlines()
+    assert [r.split(" | ")[:3] for r in table[2:]] == [
+        ["| label", "lin", "[1e-05, 1e-03]"], ["| label", "lin", "[1e-03, 1e-01]"],
+        ["| label", "ber", "[1e-05, 1e-03]"], ["| covariate", "lin", "[1e-05, 1e-03]"]]
     assert table[3].endswith("| +2.45 | 5.0e-03 |")
