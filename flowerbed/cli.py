@@ -129,7 +129,7 @@ def cmd_superlink(args: argparse.Namespace) -> int:
 
     if args.action == "up":
         pid = engine.superlink_up(port=args.port)
-        home = engine.PROJECT / ".flwr-home"
+        home = engine.shared_home()
         print(f"SuperLink pid {pid} on 127.0.0.1:{args.port} (simulation, this venv, no per-run installs)")
         print(f"now: FLWR_HOME={home} flwr run . --stream --federation-config "
               f"\"num-supernodes=10 client-resources-num-cpus=1\"")

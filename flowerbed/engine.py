@@ -97,9 +97,14 @@ def _start(home: Path, port: int, out) -> subprocess.Popen:
     return proc
 
 
+def shared_home() -> Path:
+    """The project's FLWR_HOME: the detached SuperLink's connection and every SuperLink's log."""
+    return (PROJECT / ".flwr-home").resolve()
+
+
 def superlink_up(home: Path | None = None, port: int = 39191) -> int:
     """Start a detached simulation SuperLink for plain `flwr run .`; returns its pid."""
-    home = Path(home or PROJECT / ".flwr-home").resolve()
+    home = Path(home).resolve() if home else shared_home()
     pid_file = home / "superlink.pid"
     if pid_file.exists() and _alive(int(pid_file.read_text())):
         raise RuntimeError(f"a SuperLink is already running (pid {pid_file.read_text().strip()}); "
@@ -113,7 +118,7 @@ def superlink_up(home: Path | None = None, port: int = 39191) -> int:
 
 def superlink_down(home: Path | None = None) -> int | None:
     """Stop the SuperLink started by :func:`superlink_up` (and its children); returns its pid."""
-    home = Path(home or PROJECT / ".flwr-home").resolve()
+    home = Path(home).resolve() if home else shared_home()
     pid_file = home / "superlink.pid"
     if not pid_file.exists():
         return None
@@ -157,10 +162,9 @@ def local_superlink(home: Path | None = None, port: int | None = None,
     """
     port = port or free_port()
     own = home is None
-    shared = PROJECT / ".flwr-home"
-    home = Path(home or shared / f"local-{os.getpid()}-{port}").resolve()
+    home = Path(home or shared_home() / f"local-{os.getpid()}-{port}").resolve()
     home.mkdir(parents=True, exist_ok=True)
-    out = open(log_file or (shared if own else home) / "superlink.log", "ab")  # noqa: SIM115
+    out = open(log_file or (shared_home() if own else home) / "superlink.log", "ab")  # noqa: SIM115
     try:
         proc = _start(home, port, out)
         try:
