@@ -16,13 +16,14 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import RESULTS, write_result
+from benchmarks.common import kept_splits, write_result
 from benchmarks.fedade import HI, LO, base_config, fixed
 from flowerbed.compare import compare, run_label
 from flowerbed.results import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["Fed-ADE", "FixLR(low)", "FixLR(mid)", "FixLR(high)"]
+VARY = ("fedade-shift", "fedade-schedule", "fedade-lr-min", "fedade-lr-max")  # differ per row
 
 
 def scaled(scale: float) -> tuple[list[str], dict[str, float]]:
@@ -62,15 +63,16 @@ def main() -> None:
     ap.add_argument("--rounds-per-step", type=int, default=2)
     args = ap.parse_args()
     scales = [float(x) for x in args.scales.split(",")]
-    # rows an earlier run measured with the same steps and rounds are kept (a run may add some)
-    old = json.loads(p.read_text()) if (p := RESULTS / "fedade_bounds.json").exists() else {}
-    same = (old.get("steps"), old.get("rounds-per-step")) == (args.steps, args.rounds_per_step)
-    results = dict(old.get("results", {})) if same else {}
+    # rows an earlier run measured the same way (only setting and bounds differing) are kept
+    kept, configs = kept_splits("fedade_bounds", base_config("", "", args.steps,
+                                                             args.rounds_per_step), vary=VARY)
+    results = dict(kept)
     for setting in args.settings.split(","):
         shift, sched = setting.split("/")
         for scale in scales:
             variants, bounds = scaled(scale)
             base = {**base_config(shift, sched, args.steps, args.rounds_per_step), **bounds}
+            configs[f"{setting} x{scale:g}"] = base
             out = ROOT / "runs" / f"bench-fedade-bounds-{shift}-{sched}-x{scale:g}"
             compare(variants, base, num_clients=10, out=out)
             res = json.loads((out / "results.json").read_text())
@@ -81,7 +83,8 @@ def main() -> None:
                 "bounds": [bounds["fedade-lr-min"], bounds["fedade-lr-max"]],
                 "mean-accuracy": acc, "fedade-mean-lr": lr}
     write_result("fedade_bounds", {"table": render(results), "results": results,
-                                   "steps": args.steps, "rounds-per-step": args.rounds_per_step})
+                                   "split-configs": configs, "steps": args.steps,
+                                   "rounds-per-step": args.rounds_per_step})
 
 
 if __name__ == "__main__":

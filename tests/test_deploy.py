@@ -103,6 +103,10 @@ TWO_ROUNDS = {"scaffold", "fedbyol", "fedu", "fedcc", "feddf", "fedmd", "fedxds"
               "fedrep", "local"}
 
 
+def rounds_of(method: str) -> int:
+    return 2 if method in TWO_ROUNDS else 1
+
+
 @pytest.fixture(scope="module")
 def every_method(deployment, tmp_path_factory):
     """Every registered method on the deployment (2 rounds where state crosses rounds, else 1),
@@ -110,7 +114,7 @@ def every_method(deployment, tmp_path_factory):
     out = tmp_path_factory.mktemp("deploy-runs")
 
     def one(method):
-        rounds = 2 if method in TWO_ROUNDS else 1
+        rounds = rounds_of(method)
         rc = {**SMALL, **EXTRA.get(method, {}), "method": method, "output-dir": str(out),
               "run-name": method, "num-server-rounds": rounds, "eval-every": rounds}
         if method not in EVALUATED:  # spare CI the evaluation messages where nothing checks them
@@ -133,7 +137,7 @@ def test_every_method_runs_on_the_deployment_engine(every_method, method):
         log = (out / f"{method}.log").read_text(errors="replace")[-3000:]
         pytest.fail(f"{method} failed on the deployment engine: {res}\n{log}")
     rows = read_metrics(out / method)
-    rounds = 2 if method in TWO_ROUNDS else 1
+    rounds = rounds_of(method)
     assert [r["round"] for r in rows] == list(range(rounds + 1))
     assert all(r["clients-ok"] == 2 and r["clients-failed"] == 0 for r in rows[1:])
     cfg = json.loads((out / method / "config.json").read_text())
