@@ -85,20 +85,43 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def compare_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The preset, then -c, then --partition/--rounds/--seed where given; a key none of them
+    sets gets the launcher's default (dirichlet:0.5, 20 rounds, seed 0)."""
+    overrides = {"partition": "dirichlet:0.5", "num-server-rounds": 20, "seed": 0, **_overrides(args)}
+    given = {"partition": args.partition, "num-server-rounds": args.rounds, "seed": args.seed}
+    overrides.update({k: v for k, v in given.items() if v is not None})
+    return overrides
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError("--seeds", text, "expected comma-separated integers, e.g. 0,1,2") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError("--seeds", text, "expected distinct comma-separated integers, e.g. 0,1,2")
+    return seeds
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from flowerbed.compare import compare
 
-    overrides = _overrides(args)
-    overrides.update({"partition": args.partition, "num-server-rounds": args.rounds,
-                      "seed": args.seed})
-    from flowerbed.compare import parse_variant
+    overrides = compare_overrides(args)
+    seeds = _seeds(args.seeds) if args.seeds else None
+    if seeds and args.seed is not None:
+        raise ConfigError("--seed", args.seed, "give either --seed or --seeds, not both")
+    from flowerbed.compare import compare_seeds, parse_variant
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
-        preflight({**overrides, **parse_variant(m)[1]}, args.num_clients, args.gpus_per_client)
-    table = compare(methods, overrides, num_clients=args.num_clients,
-                    cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
-                    out=Path(args.out) if args.out else None, resume=args.resume)
+        for s in seeds or [overrides["seed"]]:
+            preflight({**overrides, **parse_variant(m)[1], "seed": s}, args.num_clients,
+                      args.gpus_per_client)
+    kw = {"num_clients": args.num_clients, "cpus_per_client": args.cpus_per_client,
+          "gpus_per_client": args.gpus_per_client, "out": Path(args.out) if args.out else None,
+          "resume": args.resume}
+    table = compare_seeds(methods, overrides, seeds, **kw) if seeds else compare(methods, overrides, **kw)
     print(table)
     return 0
 
@@ -202,9 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--methods", required=True,
                    help="comma-separated names or variants, e.g. fedavg,fedprox,scaffold or "
                         "fedsimclr,fedx,fedbyol,fedx@fedx-base='byol'")
-    c.add_argument("--partition", default="dirichlet:0.5")
-    c.add_argument("--rounds", type=int, default=20)
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--partition", default=None,
+                   help="default: the preset's or -c's partition, else dirichlet:0.5")
+    c.add_argument("--rounds", type=int, default=None,
+                   help="default: the preset's or -c's num-server-rounds, else 20")
+    c.add_argument("--seed", type=int, default=None, help="default: the preset's or -c's, else 0")
+    c.add_argument("--seeds", default=None,
+                   help="comma-separated seeds, e.g. 0,1,2: every method once per seed "
+                        "(<out>/seed-<s>/), then a table of mean ± std over the seeds")
     c.add_argument("--out", default=None, help="output folder (default runs/compare-<time>)")
     c.add_argument("--resume", action="store_true",
                    help="with --out of an earlier compare: keep finished runs, resume stopped ones")

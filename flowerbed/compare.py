@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -100,4 +101,80 @@ def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any]
         lines.append(f"| {m} | {pct(s.get('final-accuracy'))} | {pct(s.get('best-accuracy'))} "
                      f"({s.get('best-round')}) | {'-' if up is None else f'{up / 1e6:.2f}'} | "
                      f"{s.get('client-failures-total', 0)} | {s.get('wall-seconds', 0):.0f} |")
+    return "\n".join(lines)
+
+
+def compare_seeds(methods: list[str], overrides: dict[str, Any], seeds: list[int],
+                  num_clients: int, out: Path | None = None, resume: bool = False,
+                  **resources: float) -> str:
+    """:func:`compare` once per seed (``<out>/seed-<s>/``, seed after seed, so a stopped
+    comparison keeps whole seeds), then each method's mean and spread over the seeds:
+    ``<out>/results.json`` (per seed and summary), ``table.md`` and ``accuracy.png`` (mean
+    curves). Returns the markdown table of means."""
+    out = (out or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    per_seed: dict[int, dict[str, dict[str, Any]]] = {}
+    for s in seeds:
+        log.info("compare: seed %d (%d of %d)", s, len(per_seed) + 1, len(seeds))
+        compare(methods, {**overrides, "seed": s}, num_clients, out=out / f"seed-{s}",
+                resume=resume, **resources)
+        per_seed[s] = json.loads((out / f"seed-{s}" / "results.json").read_text())
+    summary = {m: seed_stats({s: r.get(m, {"error": "no result"}) for s, r in per_seed.items()})
+               for m in methods}
+    (out / "results.json").write_text(json.dumps(
+        {"seeds": seeds, "summary": summary, "per-seed": per_seed}, indent=2))
+    curves = {m: mean_curve([read_metrics(out / f"seed-{s}" / run_label(m)) for s in seeds
+                             if "error" not in per_seed[s].get(m, {"error": 1})]) for m in methods}
+    plot_curves({m: c for m, c in curves.items() if c}, out / "accuracy.png",
+                title=_title(overrides, num_clients).rsplit(",", 1)[0] + f", mean of seeds {seeds}")
+    table = seeds_table(summary, overrides, num_clients, seeds)
+    (out / "table.md").write_text(table + "\n")
+    log.info("compare: wrote %s", out)
+    return table
+
+
+def seed_stats(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """One method's runs over seeds -> per-seed values, mean and sample std of its accuracies
+    (failed seeds are listed and left out of the mean)."""
+    ok = {s: r for s, r in by_seed.items() if "error" not in r}
+    stats: dict[str, Any] = {"seeds-ok": sorted(ok), "seeds-failed": sorted(set(by_seed) - set(ok))}
+    for key in ("final-accuracy", "best-accuracy", "initial-accuracy"):
+        vals = {s: r.get(key) for s, r in ok.items()}
+        finite = [v for v in vals.values() if v is not None]
+        stats[key] = vals
+        stats[f"{key}-mean"] = statistics.fmean(finite) if finite else None
+        stats[f"{key}-std"] = statistics.stdev(finite) if len(finite) > 1 else None
+    return stats
+
+
+def mean_curve(runs: list[list[dict[str, Any]]], key: str = "accuracy") -> list[dict[str, Any]]:
+    """Rows of several runs -> one row per round with the mean of ``key`` over the runs that
+    report it in that round."""
+    by_round: dict[int, list[float]] = {}
+    for rows in runs:
+        for r in rows:
+            if r.get(key) is not None:
+                by_round.setdefault(r["round"], []).append(r[key])
+    return [{"round": k, key: statistics.fmean(v)} for k, v in sorted(by_round.items())]
+
+
+def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n: int,
+                seeds: list[int]) -> str:
+    def pct(v: Any) -> str:
+        return "-" if v is None else f"{100 * v:.2f}"
+
+    def mean_sd(st: dict[str, Any], key: str) -> str:
+        sd = st.get(f"{key}-std")
+        return pct(st.get(f"{key}-mean")) + ("" if sd is None else f" ± {100 * sd:.2f}")
+
+    title = _title(overrides, n).rsplit(",", 1)[0]
+    lines = [f"Same partitions and seed for every method within a seed: {title}, "
+             f"{overrides.get('num-server-rounds')} rounds, seeds {', '.join(map(str, seeds))} "
+             "(mean ± sample std over seeds).", "",
+             "| method | final acc % | per seed | best acc % | failed seeds |",
+             "|---|---|---|---|---|"]
+    for m, st in summary.items():
+        per = ", ".join(pct(st["final-accuracy"].get(s)) for s in st["seeds-ok"]) or "-"
+        lines.append(f"| {m} | {mean_sd(st, 'final-accuracy')} | {per} | "
+                     f"{mean_sd(st, 'best-accuracy')} | "
+                     f"{', '.join(map(str, st['seeds-failed'])) or '-'} |")
     return "\n".join(lines)

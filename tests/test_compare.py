@@ -1,0 +1,77 @@
+"""The launcher's own logic: which run config a comparison gets, and the mean over seeds
+(engine calls replaced by a fake that writes a run directory; the real engine runs in test_e2e)."""
+
+import json
+
+import pytest
+
+from flowerbed import cli
+from flowerbed import compare as cmp
+from flowerbed.config import ConfigError
+
+PRESET = "presets/fedx-cpu.toml"
+
+
+def overrides(*argv: str) -> dict:
+    return cli.compare_overrides(cli.build_parser().parse_args(["compare", "--methods", "fedx", *argv]))
+
+
+def test_preset_and_run_config_are_not_overridden_by_the_flags_defaults():
+    """Regression: --rounds/--partition/--seed defaults (20, dirichlet:0.5, 0) used to replace
+    the preset's and -c's values, so `compare --preset presets/fedx-cpu.toml` ran 20 rounds."""
+    rc = overrides("--preset", PRESET, "-c", "seed=3 partition='dirichlet:0.1'")
+    assert (rc["num-server-rounds"], rc["partition"], rc["seed"]) == (10, "dirichlet:0.1", 3)
+    rc = overrides("--preset", PRESET, "--rounds", "4", "--seed", "5", "--partition", "iid")
+    assert (rc["num-server-rounds"], rc["partition"], rc["seed"]) == (4, "iid", 5)
+    rc = overrides()  # nothing given: the launcher's defaults
+    assert (rc["num-server-rounds"], rc["partition"], rc["seed"]) == (20, "dirichlet:0.5", 0)
+
+
+@pytest.mark.parametrize("bad", ["0,x", "1,1", ","])
+def test_bad_seeds_are_refused_naming_the_flag(bad, capsys):
+    with pytest.raises(ConfigError, match="--seeds"):
+        cli._seeds(bad)
+    assert cli.main(["compare", "--methods", "fedavg", "--seed", "1", "--seeds", "0,1"]) == 2
+    assert "either --seed or --seeds" in capsys.readouterr().err
+
+
+def test_compare_seeds_runs_every_seed_and_averages(tmp_path, monkeypatch):
+    finals = {("fedavg", 0): 0.80, ("fedavg", 1): 0.84, ("fedprox", 0): 0.70}
+    seen = []
+
+    def fake_run(home, conn, rc, fed, **kw):
+        seen.append((rc["run-name"], rc["seed"]))
+        if (rc["run-name"], rc["seed"]) == ("fedprox", 1):
+            raise cmp.engine.RunFailed("the ServerApp failed")
+        acc = finals[rc["run-name"], rc["seed"]]
+        run = tmp_path / f"seed-{rc['seed']}" / rc["run-name"]
+        run.mkdir(parents=True)
+        rows = [{"round": 0, "accuracy": 0.1}, {"round": 1, "accuracy": acc}]
+        (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        return {"final-accuracy": acc, "best-accuracy": acc, "initial-accuracy": 0.1}
+
+    class NoSuperLink:
+        def __enter__(self):
+            return tmp_path, "c"
+
+        def __exit__(self, *a):
+            return False
+
+    monkeypatch.setattr(cmp.engine, "flwr_run", fake_run)
+    monkeypatch.setattr(cmp.engine, "local_superlink", lambda *a, **k: NoSuperLink())
+    table = cmp.compare_seeds(["fedavg", "fedprox"], {"num-server-rounds": 1}, [0, 1], 2,
+                              out=tmp_path)
+    assert seen == [("fedavg", 0), ("fedprox", 0), ("fedavg", 1), ("fedprox", 1)]  # seed-major
+    res = json.loads((tmp_path / "results.json").read_text())
+    fedavg = res["summary"]["fedavg"]
+    assert fedavg["final-accuracy-mean"] == pytest.approx(0.82)
+    assert fedavg["final-accuracy-std"] == pytest.approx(0.04 / 2 ** 0.5)
+    assert res["summary"]["fedprox"]["seeds-failed"] == [1]  # left out of its mean, not lost
+    assert res["summary"]["fedprox"]["final-accuracy-mean"] == pytest.approx(0.70)
+    assert "| fedavg | 82.00 ± 2.83 | 80.00, 84.00 | 82.00 ± 2.83 | - |" in table
+    assert "| fedprox | 70.00 | 70.00 | 70.00 | 1 |" in table
+    assert (tmp_path / "table.md").read_text().strip() == table
+    assert (tmp_path / "accuracy.png").stat().st_size > 1000
+    assert (tmp_path / "seed-1" / "table.md").exists()  # every seed keeps its own comparison
+    curve = cmp.mean_curve([[{"round": 1, "accuracy": 0.8}], [{"round": 1, "accuracy": 0.84}]])
+    assert curve == [{"round": 1, "accuracy": pytest.approx(0.82)}]
