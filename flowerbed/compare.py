@@ -72,6 +72,7 @@ def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
                 log.error("%s", e)
                 results[m] = {"error": str(e)}
             (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "results.json").write_text(json.dumps(results, indent=2))  # also when all were kept
     curves = {m: read_metrics(out / run_label(m)) for m in methods if "error" not in results[m]}
     plot_curves(curves, out / "accuracy.png", title=_title(overrides, num_clients))
     table = markdown_table(results, overrides, num_clients)

@@ -48,7 +48,9 @@ def test_compare_seeds_runs_every_seed_and_averages(tmp_path, monkeypatch):
         run.mkdir(parents=True)
         rows = [{"round": 0, "accuracy": 0.1}, {"round": 1, "accuracy": acc}]
         (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-        return {"final-accuracy": acc, "best-accuracy": acc, "initial-accuracy": 0.1}
+        summary = {"final-accuracy": acc, "best-accuracy": acc, "initial-accuracy": 0.1}
+        (run / "summary.json").write_text(json.dumps(summary))
+        return summary
 
     class NoSuperLink:
         def __enter__(self):
@@ -73,5 +75,9 @@ def test_compare_seeds_runs_every_seed_and_averages(tmp_path, monkeypatch):
     assert (tmp_path / "table.md").read_text().strip() == table
     assert (tmp_path / "accuracy.png").stat().st_size > 1000
     assert (tmp_path / "seed-1" / "table.md").exists()  # every seed keeps its own comparison
+    (tmp_path / "seed-0" / "results.json").unlink()  # --resume: finished runs are kept
+    assert cmp.compare_seeds(["fedavg", "fedprox"], {"num-server-rounds": 1}, [0, 1], 2,
+                             out=tmp_path, resume=True) == table
+    assert seen[4:] == [("fedprox", 1)]  # only the failed run ran again
     curve = cmp.mean_curve([[{"round": 1, "accuracy": 0.8}], [{"round": 1, "accuracy": 0.84}]])
     assert curve == [{"round": 1, "accuracy": pytest.approx(0.82)}]
