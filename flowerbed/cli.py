@@ -10,23 +10,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flowerbed.config import Config, ConfigError
+from flowerbed.config import Config, ConfigError, parse_overrides
 
 log = logging.getLogger("flowerbed")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The preset file's keys (if any), then the -c/--run-config overrides on top."""
-    from flwr.common.config import parse_config_args
-
-    out = parse_config_args([args.preset]) if args.preset else {}
-    out.update(parse_config_args(list(args.run_config or [])))
+    out = parse_overrides([args.preset], "--preset") if args.preset else {}
+    out.update(parse_overrides(list(args.run_config or []), "--run-config/-c"))
     return out
 
 
 def _federation_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--num-clients", type=int, default=10,
-                   help="simulated SuperNodes, one partition each (default 10)")
+    p.add_argument("--num-clients", type=int, default=None,
+                   help="simulated SuperNodes, one partition each (default 10; with run "
+                        "--resume, the run's own)")
     p.add_argument("--cpus-per-client", type=float, default=1.0,
                    help="Ray CPUs per client; clients in parallel = CPUs / this (default 1)")
     p.add_argument("--gpus-per-client", type=float, default=0.0,
@@ -74,7 +73,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:  # the original run's config; -c may still change num-server-rounds & co.
         saved, n = resume_overrides(args.resume)
         overrides = {**saved, **overrides, "resume": saved["resume"]}
+        if args.num_clients is not None and n and args.num_clients != n:
+            raise ConfigError("--num-clients", args.num_clients, f"the run in {args.resume} has "
+                              f"{n} clients (partitions); a resumed run keeps them")
         args.num_clients = n or args.num_clients
+    args.num_clients = args.num_clients or 10
     cfg = preflight(overrides, args.num_clients, args.gpus_per_client)
     overrides["output-dir"] = str(Path(cfg.output_dir).resolve())
     overrides.setdefault("run-name", f"{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -108,6 +111,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from flowerbed.compare import compare
 
     overrides = compare_overrides(args)
+    args.num_clients = args.num_clients or 10
+    if args.resume and not args.out:
+        raise ConfigError("--resume", True, "needs --out: the folder of the comparison to continue")
     seeds = _seeds(args.seeds) if args.seeds else None
     if seeds and args.seed is not None:
         raise ConfigError("--seed", args.seed, "give either --seed or --seeds, not both")

@@ -20,10 +20,10 @@ def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
 
     E.g. ``fedx@fedx-base='byol'`` runs FedX over BYOL; the label names its run directory.
     """
-    from flwr.common.config import parse_config_args
+    from flowerbed.config import parse_overrides
 
     method, *pairs = spec.split("@")
-    extra = parse_config_args([" ".join(pairs)]) if pairs else {}
+    extra = parse_overrides([" ".join(pairs)], f"--methods {spec}") if pairs else {}
     return spec, {"method": method.strip(), **extra}
 
 
@@ -37,26 +37,30 @@ def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
     """Run each method with the same run config (partition, seed, rounds...) and tabulate.
 
     ``methods`` are names or variants (:func:`parse_variant`). With ``resume`` (an existing
-    ``out``), a method whose run finished is kept, one that stopped continues from its
-    checkpoint, one that never started runs. Writes ``<out>/<label>/`` run
-    directories, ``results.json``, ``table.md`` and
-    ``accuracy.png`` (every method's curve); returns the markdown table.
+    ``out``), a method whose run finished with this run config is kept (with more
+    ``num-server-rounds`` it is extended), one that stopped continues from its checkpoint, one
+    that never started runs; an earlier run with another config stops the comparison before
+    anything runs. Writes ``<out>/<label>/`` run directories, ``results.json``, ``table.md``
+    and ``accuracy.png`` (every method's curve); returns the markdown table.
     """
     out = (out or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     fed = engine.federation_config(num_clients, cpus_per_client, gpus_per_client)
+    plan = {}
+    for m in methods:
+        rc = {**overrides, **parse_variant(m)[1], "output-dir": str(out), "run-name": run_label(m)}
+        plan[m] = (rc, earlier_run(out / run_label(m), rc, num_clients) if resume else "fresh")
     results: dict[str, dict[str, Any]] = {}
     with engine.local_superlink() as (home, conn):
         for m in methods:
-            _, variant = parse_variant(m)
-            name = run_label(m)
-            rc = {**overrides, **variant, "output-dir": str(out), "run-name": name}
+            rc, action = plan[m]
+            name = rc["run-name"]
             run_dir = out / name
-            if resume and (run_dir / "summary.json").exists():
+            if action == "keep":
                 log.info("compare: %s finished before; kept", m)
                 results[m] = json.loads((run_dir / "summary.json").read_text())
                 continue
-            if resume and (run_dir / "checkpoint.pt").exists():
+            if action == "resume":
                 rc["resume"] = str(run_dir)
             elif run_dir.exists():  # a fresh comparison into an old folder: keep the old run aside
                 stamp, n = time.strftime("%Y%m%d-%H%M%S"), 1
@@ -79,6 +83,32 @@ def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
     (out / "table.md").write_text(table + "\n")
     log.info("compare: wrote %s", out)
     return table
+
+
+def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
+    """What ``--resume`` does with the run in ``run_dir``: ``keep`` it (finished, same config),
+    ``resume`` it (stopped, or finished with fewer rounds than asked), or start it ``fresh``
+    (none there). An earlier run with another config is a ConfigError naming the keys."""
+    from flowerbed.checkpoint import FILE, RESUMABLE_CHANGES
+    from flowerbed.config import Config, ConfigError
+
+    finished, stopped = (run_dir / "summary.json").exists(), (run_dir / FILE).exists()
+    if not (finished or stopped) or not (run_dir / "config.json").exists():
+        return "fresh"
+    saved = json.loads((run_dir / "config.json").read_text())
+    current = {**Config.from_run_config(rc).to_run_config(), "num-partitions": num_clients}
+    diff = [k for k in current if k not in RESUMABLE_CHANGES and saved.get(k, current[k]) != current[k]]
+    if diff:
+        shown = ", ".join(f"{k}: {saved.get(k)!r} -> {current[k]!r}" for k in diff[:5])
+        raise ConfigError("--resume", str(run_dir), f"the earlier run there differs in {shown}; "
+                          "rerun without --resume (it is moved aside) or pass its settings again")
+    done, asked = saved.get("num-server-rounds"), current["num-server-rounds"]
+    if finished and done == asked:
+        return "keep"
+    if finished and (done > asked or not stopped):
+        raise ConfigError("--resume", str(run_dir), f"the earlier run there finished {done} "
+                          f"rounds; this comparison asks for {asked}")
+    return "resume"
 
 
 def _title(overrides: dict[str, Any], n: int) -> str:
@@ -113,6 +143,11 @@ def compare_seeds(methods: list[str], overrides: dict[str, Any], seeds: list[int
     ``<out>/results.json`` (per seed and summary), ``table.md`` and ``accuracy.png`` (mean
     curves). Returns the markdown table of means."""
     out = (out or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    if resume:  # every seed's earlier runs checked before anything runs
+        for s in seeds:
+            for m in methods:
+                rc = {**overrides, **parse_variant(m)[1], "seed": s}
+                earlier_run(out / f"seed-{s}" / run_label(m), rc, num_clients)
     per_seed: dict[int, dict[str, dict[str, Any]]] = {}
     for s in seeds:
         log.info("compare: seed %d (%d of %d)", s, len(per_seed) + 1, len(seeds))

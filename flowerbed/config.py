@@ -39,6 +39,21 @@ def defaults() -> dict[str, Any]:
         return dict(tomllib.load(f)["tool"]["flwr"]["app"]["config"])
 
 
+def parse_overrides(items: list[str], source: str) -> dict[str, Any]:
+    """Run-config overrides in flwr's syntax (``key=value ...`` strings, or TOML file paths),
+    parsed by flwr's own parser; a malformed one is a ConfigError naming ``source``."""
+    from flwr.common.config import parse_config_args
+
+    for item in items:
+        if item.strip().endswith(".toml") and not Path(item.strip()).is_file():
+            raise ConfigError(source, item, "no such TOML file")
+    try:
+        return parse_config_args(items)
+    except Exception as e:  # noqa: BLE001 - flwr raises click's exception for a malformed string
+        raise ConfigError(source, " ".join(items), f"{getattr(e, 'message', e)} (strings need "
+                          "quotes, e.g. partition='dirichlet:0.1')") from None
+
+
 @dataclass(frozen=True)
 class Partition:
     """A parsed ``partition`` value, e.g. ``dirichlet:0.5``."""

@@ -7,7 +7,7 @@ import pytest
 
 from flowerbed import cli
 from flowerbed import compare as cmp
-from flowerbed.config import ConfigError
+from flowerbed.config import Config, ConfigError
 
 PRESET = "presets/fedx-cpu.toml"
 
@@ -50,6 +50,7 @@ def test_compare_seeds_runs_every_seed_and_averages(tmp_path, monkeypatch):
         (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
         summary = {"final-accuracy": acc, "best-accuracy": acc, "initial-accuracy": 0.1}
         (run / "summary.json").write_text(json.dumps(summary))
+        (run / "config.json").write_text(json.dumps(Config.from_run_config(rc).to_run_config()))
         return summary
 
     class NoSuperLink:
@@ -79,5 +80,27 @@ def test_compare_seeds_runs_every_seed_and_averages(tmp_path, monkeypatch):
     assert cmp.compare_seeds(["fedavg", "fedprox"], {"num-server-rounds": 1}, [0, 1], 2,
                              out=tmp_path, resume=True) == table
     assert seen[4:] == [("fedprox", 1)]  # only the failed run ran again
+    with pytest.raises(ConfigError, match="differs in lr: 0.01 -> 0.5"):  # another config:
+        cmp.compare_seeds(["fedavg"], {"num-server-rounds": 1, "lr": 0.5}, [0, 1], 2,
+                          out=tmp_path, resume=True)  # refused before anything runs
+    assert len(seen) == 5
     curve = cmp.mean_curve([[{"round": 1, "accuracy": 0.8}], [{"round": 1, "accuracy": 0.84}]])
     assert curve == [{"round": 1, "accuracy": pytest.approx(0.82)}]
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["run", "-c", "partition=dirichlet:0.1"], "strings need quotes"),
+    (["run", "--preset", "presets/no-such.toml"], "'--preset' = 'presets/no-such.toml' is invalid: no such"),
+    (["compare", "--methods", "fedavg@lr=x"], "'--methods fedavg@lr=x'"),
+    (["compare", "--methods", "fedavg", "--resume"], "needs --out"),
+])
+def test_malformed_command_lines_get_one_line_not_a_traceback(argv, said, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_resume_refuses_another_client_count(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"method": "fedavg", "num-partitions": 3}))
+    assert cli.main(["run", "--resume", str(tmp_path), "--num-clients", "5"]) == 2
+    assert "has 3 clients" in capsys.readouterr().err

@@ -229,6 +229,7 @@ def test_compare_resume_keeps_finished_and_resumes_stopped(tmp_path, monkeypatch
         for f in files:
             (tmp_path / name / f).write_text(json.dumps({"final-accuracy": 0.5}))
         (tmp_path / name / "metrics.jsonl").write_text('{"round": 0}\n')
+        (tmp_path / name / "config.json").write_text(json.dumps({"num-server-rounds": 5}))
     calls = {}
 
     def fake_run(home, conn, rc, fed, **kw):
