@@ -72,7 +72,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     overrides = _overrides(args)
     if args.resume:  # the original run's config; -c may still change num-server-rounds & co.
         saved, n = resume_overrides(args.resume)
-        overrides = {**saved, **overrides, "resume": saved["resume"]}
+        for key in ("output-dir", "run-name", "resume"):
+            given = overrides.get(key, saved[key])
+            if (given if key == "run-name" else str(Path(given).expanduser().resolve())) != saved[key]:
+                raise ConfigError(key, given, f"a resumed run stays where it is ({saved['resume']})")
+        overrides = {**saved, **overrides}
         if args.num_clients is not None and n and args.num_clients != n:
             raise ConfigError("--num-clients", args.num_clients, f"the run in {args.resume} has "
                               f"{n} clients (partitions); a resumed run keeps them")
@@ -80,7 +84,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     args.num_clients = args.num_clients or 10
     cfg = preflight(overrides, args.num_clients, args.gpus_per_client)
     overrides["output-dir"] = str(Path(cfg.output_dir).resolve())
-    overrides.setdefault("run-name", f"{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if not overrides.get("run-name"):  # "" too: the launcher must know where the run lands
+        overrides["run-name"] = f"{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}"
     fed = engine.federation_config(args.num_clients, args.cpus_per_client, args.gpus_per_client)
     with engine.local_superlink() as (home, conn):
         summary = engine.flwr_run(home, conn, overrides, fed)
@@ -202,7 +207,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         overrides = _overrides(args)
         cfg = Config.from_run_config(overrides)
         overrides["output-dir"] = str(Path(cfg.output_dir).resolve())
-        overrides.setdefault("run-name", f"{cfg.method}-deploy-{time.strftime('%Y%m%d-%H%M%S')}")
+        if not overrides.get("run-name"):
+            overrides["run-name"] = f"{cfg.method}-deploy-{time.strftime('%Y%m%d-%H%M%S')}"
         print(json.dumps(deploy.run(deploy.Deployment.load(home), overrides), indent=2))
     elif args.action == "status":
         dep = deploy.Deployment.load(home)

@@ -104,3 +104,13 @@ def test_resume_refuses_another_client_count(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"method": "fedavg", "num-partitions": 3}))
     assert cli.main(["run", "--resume", str(tmp_path), "--num-clients", "5"]) == 2
     assert "has 3 clients" in capsys.readouterr().err
+
+
+def test_resume_refuses_to_move_the_run(tmp_path, capsys):
+    """Regression: -c run-name=... with --resume made the launcher look for the summary in
+    another folder and report a finished run as failed."""
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"method": "fedavg", "num-partitions": 3}))
+    assert cli.main(["run", "--resume", str(run), "-c", "run-name='other'"]) == 2
+    assert "a resumed run stays where it is" in capsys.readouterr().err

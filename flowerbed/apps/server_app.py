@@ -147,10 +147,10 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         "bytes-up-per-client-round": _per_client_round(rows, "bytes-up"),
         "server-device": str(device),
     }
-    summary = run_dir.finish(summary)
-    client_state.remove(cfg, strategy.run_key)  # clients' filed state on this machine, if any
     if strategy.model is not None and result.arrays is not None and len(result.arrays):
         torch.save(result.arrays.to_torch_state_dict(), run_dir.path / "model.pt")
+    client_state.remove(cfg, strategy.run_key)  # clients' filed state on this machine, if any
+    summary = run_dir.finish(summary)  # last: its presence means the run finished
     log.info("finished: final accuracy %s, summary in %s", summary["final-accuracy"],
              run_dir.path / "summary.json")
     return summary
