@@ -189,9 +189,16 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         cfg = Config.from_run_config(_overrides(args))
         from flowerbed.datasets.federated import export_partitions
 
-        for f in export_partitions(cfg, args.num_clients, Path(args.out or "client-data")):
+        for f in export_partitions(cfg, args.num_clients or 2, Path(args.out or "client-data")):
             print(f"{f}: {json.loads((f / 'partition.json').read_text())['num-train']} train samples")
     elif args.action == "up":
+        if args.data_dirs:  # one SuperNode per exported client folder
+            found = len(list(Path(args.data_dirs).glob("client-*")))
+            if not found or args.num_clients not in (None, found):
+                raise ConfigError("--num-clients", args.num_clients, f"{args.data_dirs} holds "
+                                  f"{found} client-<i> folders; start one SuperNode per folder")
+            args.num_clients = found
+        args.num_clients = args.num_clients or 2
         extra = [{"data-root": args.data_root,
                   "data-dir": str(Path(args.data_dirs).resolve() / f"client-{i}") if args.data_dirs else ""}
                  for i in range(args.num_clients)]
@@ -260,7 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("action", choices=["up", "run", "status", "down", "certs", "node-key", "export-data"])
     d.add_argument("--home", default=str(Path(".flwr-deploy")),
                    help="folder for the deployment's state, logs, certificates (default .flwr-deploy)")
-    d.add_argument("--num-clients", type=int, default=2, help="SuperNodes to start / partitions to export")
+    d.add_argument("--num-clients", type=int, default=None,
+                   help="SuperNodes to start / partitions to export (default 2; up --data-dirs: "
+                        "one per client-<i> folder)")
     d.add_argument("--address", default="127.0.0.1",
                    help="address SuperNodes and flwr use to reach the SuperLink (default 127.0.0.1)")
     d.add_argument("--port", type=int, default=8000, help="SuperLink port (default 8000)")

@@ -114,3 +114,13 @@ def test_resume_refuses_to_move_the_run(tmp_path, capsys):
     (run / "config.json").write_text(json.dumps({"method": "fedavg", "num-partitions": 3}))
     assert cli.main(["run", "--resume", str(run), "-c", "run-name='other'"]) == 2
     assert "a resumed run stays where it is" in capsys.readouterr().err
+
+
+def test_deploy_up_starts_one_supernode_per_exported_folder(tmp_path, capsys):
+    """Regression: `deploy up --data-dirs` used its default of 2 SuperNodes whatever the folder
+    held, so a 3-client export trained on 2 of its parts without a word."""
+    for i in range(3):
+        (tmp_path / f"client-{i}").mkdir()
+    argv = ["deploy", "up", "--home", str(tmp_path / "home"), "--data-dirs", str(tmp_path)]
+    assert cli.main([*argv, "--num-clients", "2"]) == 2
+    assert "holds 3 client-<i> folders" in capsys.readouterr().err

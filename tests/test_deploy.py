@@ -69,6 +69,10 @@ def test_own_data_folder_equals_the_seeded_partition(tmp_path):
         assert (own_tr.x == tr.x).all() and (own_tr.y == tr.y).all() and (own_te.y == te.y).all()
     with pytest.raises(DataError, match="partition 0, but this SuperNode is partition-id=1"):
         read_partition_dir(cfg, folders[0], 1)
+    with pytest.raises(DataError, match="exported with num-partitions=3, partition='dirichlet:0.5'; "
+                                        "this run \\(node\\) has num-partitions=2, partition='iid'"):
+        read_partition_dir(Config.from_run_config({"train-samples": 1200, "partition": "iid"}),
+                           folders[0], 0, 2)
     with pytest.raises(DataError, match="holds fashion-mnist, the run uses cifar10"):
         read_partition_dir(Config.from_run_config({"dataset": "cifar10"}), folders[0], 0)
     (folders[2] / "test-labels.idx.gz").unlink()

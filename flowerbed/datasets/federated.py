@@ -89,7 +89,7 @@ def client_data(cfg: Config, partition_id: int, num_partitions: int,
            cfg.min_partition_size, cfg.local_test_fraction, partition_id, num_partitions, data_dir)
     if key not in _CLIENT_CACHE:
         if data_dir:
-            _CLIENT_CACHE[key] = read_partition_dir(cfg, Path(data_dir), partition_id)
+            _CLIENT_CACHE[key] = read_partition_dir(cfg, Path(data_dir), partition_id, num_partitions)
         else:
             full = train_set(cfg)
             idx = client_partitions(cfg, num_partitions)[partition_id]
@@ -125,8 +125,10 @@ def export_partitions(cfg: Config, num_partitions: int, out: Path) -> list[Path]
     return folders
 
 
-def read_partition_dir(cfg: Config, folder: Path, partition_id: int) -> tuple[DataSet, DataSet]:
-    """A client's own data folder -> (local train, local test), checked against the run."""
+def read_partition_dir(cfg: Config, folder: Path, partition_id: int,
+                       num_partitions: int | None = None) -> tuple[DataSet, DataSet]:
+    """A client's own data folder -> (local train, local test), checked against the run and
+    the node: what its partition.json records (if any) must match."""
     if not folder.is_dir():
         raise DataError(f"data-dir {folder} does not exist on this SuperNode")
     meta_file = folder / "partition.json"
@@ -136,6 +138,14 @@ def read_partition_dir(cfg: Config, folder: Path, partition_id: int) -> tuple[Da
     if meta.get("partition-id", partition_id) != partition_id:
         raise DataError(f"data-dir {folder} holds partition {meta['partition-id']}, but this "
                         f"SuperNode is partition-id={partition_id}")
+    run = {"num-partitions": num_partitions, "partition": str(cfg.partition), "seed": cfg.seed,
+           "train-samples": cfg.train_samples, "public-fraction": cfg.public_fraction}
+    differ = [k for k, v in run.items() if v is not None and meta.get(k, v) != v]
+    if differ:
+        raise DataError(f"data-dir {folder} was exported with " + ", ".join(
+            f"{k}={meta[k]!r}" for k in differ) + "; this run (node) has " + ", ".join(
+            f"{k}={run[k]!r}" for k in differ) + ": export the data again with the run's "
+            "settings, or run with the folder's")
 
     def read(split: str) -> DataSet | None:
         img, lbl = folder / f"{split}-images.idx.gz", folder / f"{split}-labels.idx.gz"
