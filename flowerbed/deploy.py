@@ -197,8 +197,16 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
     dep.home.mkdir(parents=True, exist_ok=True)
     sl_host, port_text = dep.address.rsplit(":", 1)
     sl_host, port = sl_host.strip("[]"), int(port_text)
+    wanted = [sl_host, *(cert_hosts or [])]
     if not dep.insecure and not (dep.certs / certs.SERVER_CERT).exists():
-        certs.make_certs(dep.certs, [*certs.DEFAULT_HOSTS, sl_host, *(cert_hosts or [])])
+        certs.make_certs(dep.certs, [*certs.DEFAULT_HOSTS, *wanted])
+    elif not dep.insecure and (missing := sorted(set(wanted) - set(certs.san_hosts(
+            dep.certs / certs.SERVER_CERT)))):  # SuperNodes would fail the TLS check
+        raise DeployError(f"the SuperLink certificate {dep.certs / certs.SERVER_CERT} (made by an "
+                          f"earlier `up`) does not name {', '.join(missing)}; make new ones with "
+                          f"`flowerbed deploy certs --home {dep.home} "
+                          + " ".join(f"--host {h}" for h in wanted) + "` (then give the "
+                          "SuperNodes the new ca.crt)")
     dep.write_connection()
     dep.pids = {}
     try:

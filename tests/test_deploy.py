@@ -173,3 +173,14 @@ def test_killed_supernode_mid_round(tmp_path):
     failed = [f for r in rows for f in r["failures"]]
     assert summary["client-failures-total"] == len(failed)
     assert summary["final-accuracy"] is not None
+
+
+def test_up_refuses_certificates_that_do_not_name_the_address(tmp_path):
+    """Regression: `up --address` on another host reused the first `up`'s certificate, and the
+    SuperNodes then failed the TLS check with only a timeout to show for it."""
+    certs.make_certs(tmp_path / "certs", list(certs.DEFAULT_HOSTS))
+    dep = deploy.Deployment(home=tmp_path, address="10.0.0.5:9092")
+    with pytest.raises(deploy.DeployError, match="does not name 10.0.0.5; make new ones with "
+                                                 "`flowerbed deploy certs"):
+        deploy.up(dep, 1)
+    assert not (tmp_path / "pids.json").exists()  # nothing was started
