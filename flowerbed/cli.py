@@ -141,9 +141,9 @@ def cmd_partitions(args: argparse.Namespace) -> int:
     from flowerbed.datasets.federated import client_partitions, train_set
     from flowerbed.datasets.partition import label_histogram, plot_histogram
 
-    cfg = Config.from_run_config({"dataset": args.dataset, "partition": args.partition,
-                                  "seed": args.seed, "data-root": args.data_root,
-                                  "min-partition-size": args.min_partition_size})
+    given = {"dataset": args.dataset, "partition": args.partition, "seed": args.seed,
+             "data-root": args.data_root, "min-partition-size": args.min_partition_size}
+    cfg = Config.from_run_config({**_overrides(args), **{k: v for k, v in given.items() if v is not None}})
     train = train_set(cfg)
     parts = client_partitions(cfg, args.num_clients)
     hist = label_histogram(train.y.numpy(), parts, train.num_classes)
@@ -290,12 +290,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_deploy)
 
     s = sub.add_parser("partitions", help="print and plot the per-client label histogram")
-    s.add_argument("--dataset", default="fashion-mnist")
-    s.add_argument("--partition", default="dirichlet:0.5")
+    s.add_argument("--dataset", default=None, help="default: the preset's or -c's, else fashion-mnist")
+    s.add_argument("--partition", default=None, help="default: the preset's or -c's, else dirichlet:0.5")
     s.add_argument("--num-clients", type=int, default=10)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--data-root", default="")
-    s.add_argument("--min-partition-size", type=int, default=10)
+    s.add_argument("--seed", type=int, default=None, help="default: the preset's or -c's, else 0")
+    s.add_argument("--data-root", default=None)
+    s.add_argument("--min-partition-size", type=int, default=None)
+    s.add_argument("--preset", default=None,
+                   help="a TOML file of run-config values: shows the split that preset's runs use")
+    s.add_argument("--run-config", "-c", action="append", default=[],
+                   help="run-config overrides (train-samples, public-fraction, ...), flwr syntax")
     s.add_argument("--out", default=None, help="PNG path")
     s.set_defaults(fn=cmd_partitions)
     return p

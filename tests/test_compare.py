@@ -124,3 +124,12 @@ def test_deploy_up_starts_one_supernode_per_exported_folder(tmp_path, capsys):
     argv = ["deploy", "up", "--home", str(tmp_path / "home"), "--data-dirs", str(tmp_path)]
     assert cli.main([*argv, "--num-clients", "2"]) == 2
     assert "holds 3 client-<i> folders" in capsys.readouterr().err
+
+
+def test_partitions_shows_the_split_a_preset_and_run_config_give(tmp_path, capsys):
+    assert cli.main(["partitions", "--preset", PRESET, "--num-clients", "2", "-c", "train-samples=100",
+                     "--partition", "iid", "--out", str(tmp_path / "p.png")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("fashion-mnist iid seed=0: 2 clients")
+    assert [int(line.split()[-1]) for line in out[2:4]] == [50, 50]  # the -c train-samples
+    assert (tmp_path / "p.png").exists()
