@@ -102,7 +102,8 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
         shown = ", ".join(f"{k}: {saved.get(k)!r} -> {current[k]!r}" for k in diff[:5])
         raise ConfigError("--resume", str(run_dir), f"the earlier run there differs in {shown}; "
                           "rerun without --resume (it is moved aside) or pass its settings again")
-    done, asked = saved.get("num-server-rounds"), current["num-server-rounds"]
+    asked = current["num-server-rounds"]
+    done = saved.get("num-server-rounds", asked)
     if finished and done == asked:
         return "keep"
     if finished and (done > asked or not stopped):
