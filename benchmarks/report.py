@@ -66,7 +66,10 @@ def render() -> str:
         if d := _load(name):
             extra = ""
             if name == "fedx":
-                extra = f"\n\nRandom-init encoder probe (the floor): {_pct(d['random-init-probe'])}."
+                extra = f"\n\nRandom-init encoder probe (the floor): {_pct(d['random-init-probe'])}"
+                if per := d.get("random-init-probe-per-seed"):
+                    extra += f" (mean; per seed {', '.join(_pct(v) for v in per.values())})"
+                extra += "."
                 if c := _load("fedx_central"):
                     probes = ", ".join(f"{100 * r['probe']:.1f}" for r in c["curve"])
                     extra += (f"\n\nCentralised SimCLR with the same encoder, augmentations and "
