@@ -1,6 +1,7 @@
 """The launcher's own logic: which run config a comparison gets, and the mean over seeds
 (engine calls replaced by a fake that writes a run directory; the real engine runs in test_e2e)."""
 
+import contextlib
 import json
 
 import pytest
@@ -10,6 +11,18 @@ from flowerbed import compare as cmp
 from flowerbed.config import Config, ConfigError
 
 PRESET = "presets/fedx-cpu.toml"
+
+
+@pytest.fixture
+def fake_engine(monkeypatch, tmp_path):
+    """The launcher without processes: no SuperLink, and ``fake_engine(run)`` puts ``run`` in
+    place of ``engine.flwr_run``."""
+    @contextlib.contextmanager
+    def no_superlink(*a, **k):
+        yield tmp_path, "c"
+
+    monkeypatch.setattr(cmp.engine, "local_superlink", no_superlink)
+    return lambda run: monkeypatch.setattr(cmp.engine, "flwr_run", run)
 
 
 def overrides(*argv: str) -> dict:
@@ -35,7 +48,7 @@ def test_bad_seeds_are_refused_naming_the_flag(bad, capsys):
     assert "either --seed or --seeds" in capsys.readouterr().err
 
 
-def test_compare_seeds_runs_every_seed_and_averages(tmp_path, monkeypatch):
+def test_compare_seeds_runs_every_seed_and_averages(tmp_path, fake_engine):
     finals = {("fedavg", 0): 0.80, ("fedavg", 1): 0.84, ("fedprox", 0): 0.70}
     seen = []
 
@@ -53,15 +66,7 @@ def test_compare_seeds_runs_every_seed_and_averages(tmp_path, monkeypatch):
         (run / "config.json").write_text(json.dumps(Config.from_run_config(rc).to_run_config()))
         return summary
 
-    class NoSuperLink:
-        def __enter__(self):
-            return tmp_path, "c"
-
-        def __exit__(self, *a):
-            return False
-
-    monkeypatch.setattr(cmp.engine, "flwr_run", fake_run)
-    monkeypatch.setattr(cmp.engine, "local_superlink", lambda *a, **k: NoSuperLink())
+    fake_engine(fake_run)
     table = cmp.compare_seeds(["fedavg", "fedprox"], {"num-server-rounds": 1}, [0, 1], 2,
                               out=tmp_path)
     assert seen == [("fedavg", 0), ("fedprox", 0), ("fedavg", 1), ("fedprox", 1)]  # seed-major
@@ -133,3 +138,28 @@ def test_partitions_shows_the_split_a_preset_and_run_config_give(tmp_path, capsy
     assert out[0].startswith("fashion-mnist iid seed=0: 2 clients")
     assert [int(line.split()[-1]) for line in out[2:4]] == [50, 50]  # the -c train-samples
     assert (tmp_path / "p.png").exists()
+
+
+def test_compare_resume_keeps_finished_and_resumes_stopped(tmp_path, fake_engine):
+    """The launcher's --resume decides per method."""
+    for name, files in (("fedavg", ["summary.json", "checkpoint.pt"]), ("fedprox", ["checkpoint.pt"]),
+                        ("scaffold", [])):
+        (tmp_path / name).mkdir()
+        for f in files:
+            (tmp_path / name / f).write_text(json.dumps({"final-accuracy": 0.5}))
+        (tmp_path / name / "metrics.jsonl").write_text('{"round": 0}\n')
+        (tmp_path / name / "config.json").write_text(json.dumps({"num-server-rounds": 5}))
+    calls = {}
+
+    def fake_run(home, conn, rc, fed, **kw):
+        calls[rc["run-name"]] = rc.get("resume")
+        (tmp_path / rc["run-name"]).mkdir(exist_ok=True)
+        (tmp_path / rc["run-name"] / "metrics.jsonl").write_text('{"round": 0}\n')
+        return {"final-accuracy": 0.6}
+
+    fake_engine(fake_run)
+    cmp.compare(["fedavg", "fedprox", "scaffold"], {"seed": 0}, 2, out=tmp_path, resume=True)
+    assert calls == {"fedprox": str(tmp_path / "fedprox"), "scaffold": None}
+    cmp.compare(["scaffold"], {"seed": 0}, 2, out=tmp_path)  # fresh: the old run is moved aside
+    assert calls["scaffold"] is None
+    assert list(tmp_path.glob("scaffold.old-*"))

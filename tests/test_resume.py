@@ -219,41 +219,6 @@ def test_cli_resume_reuses_the_runs_config(tmp_path, monkeypatch):
         cli.resume_overrides(str(tmp_path / "nothing-here"))
 
 
-def test_compare_resume_keeps_finished_and_resumes_stopped(tmp_path, monkeypatch):
-    """The launcher's --resume decides per method (engine calls replaced: our own logic only)."""
-    from flowerbed import compare as cmp
-
-    for name, files in (("fedavg", ["summary.json", "checkpoint.pt"]), ("fedprox", ["checkpoint.pt"]),
-                        ("scaffold", [])):
-        (tmp_path / name).mkdir()
-        for f in files:
-            (tmp_path / name / f).write_text(json.dumps({"final-accuracy": 0.5}))
-        (tmp_path / name / "metrics.jsonl").write_text('{"round": 0}\n')
-        (tmp_path / name / "config.json").write_text(json.dumps({"num-server-rounds": 5}))
-    calls = {}
-
-    def fake_run(home, conn, rc, fed, **kw):
-        calls[rc["run-name"]] = rc.get("resume")
-        (tmp_path / rc["run-name"]).mkdir(exist_ok=True)
-        (tmp_path / rc["run-name"] / "metrics.jsonl").write_text('{"round": 0}\n')
-        return {"final-accuracy": 0.6}
-
-    class NoSuperLink:
-        def __enter__(self):
-            return tmp_path, "c"
-
-        def __exit__(self, *a):
-            return False
-
-    monkeypatch.setattr(cmp.engine, "flwr_run", fake_run)
-    monkeypatch.setattr(cmp.engine, "local_superlink", lambda *a, **k: NoSuperLink())
-    cmp.compare(["fedavg", "fedprox", "scaffold"], {"seed": 0}, 2, out=tmp_path, resume=True)
-    assert calls == {"fedprox": str(tmp_path / "fedprox"), "scaffold": None}
-    cmp.compare(["scaffold"], {"seed": 0}, 2, out=tmp_path)  # fresh: the old run is moved aside
-    assert calls["scaffold"] is None
-    assert list(tmp_path.glob("scaffold.old-*"))
-
-
 @pytest.mark.parametrize("method,extra", [("fedavg", {}), ("fedfew", {"fedfew-eval": "local"})])
 def test_single_sample_partition_is_not_a_failure(tmp_path, method, extra):
     """Regression: 100 clients on dirichlet:0.05 give some clients one sample and so no local
