@@ -89,6 +89,21 @@ def test_two_launchers_keep_their_own_superlink(tmp_path, monkeypatch):
     assert (tmp_path / ".flwr-home" / "superlink.log").stat().st_size > 0
 
 
+def test_compare_over_seeds_through_the_cli(tmp_path):
+    """`flowerbed compare --seeds`: each seed a full comparison through the real engine, then
+    the mean over seeds (the averaging itself: tests/test_compare.py)."""
+    small = "num-server-rounds=1 train-samples=600 test-samples=200 min-clients=2"
+    subprocess.run([engine._bin("flowerbed"), "compare", "--methods", "fedavg", "--seeds", "0,1",
+                    "--num-clients", "2", "--out", str(tmp_path), "-c", small],
+                   check=True, timeout=400, capture_output=True, cwd=engine.PROJECT)
+    runs = [json.loads((tmp_path / f"seed-{s}" / "fedavg" / "summary.json").read_text()) for s in (0, 1)]
+    assert [r["seed"] for r in runs] == [0, 1] and runs[0]["initial-accuracy"] != runs[1]["initial-accuracy"]
+    res = json.loads((tmp_path / "results.json").read_text())["summary"]["fedavg"]
+    mean = (runs[0]["final-accuracy"] + runs[1]["final-accuracy"]) / 2
+    assert res["final-accuracy-mean"] == pytest.approx(mean)
+    assert "| fedavg | " in (tmp_path / "table.md").read_text() and (tmp_path / "accuracy.png").exists()
+
+
 @pytest.mark.parametrize("kind", ["raise"])  # every kind x every method: tests/test_resume.py
 def test_failing_clients_do_not_end_the_run(superlink, tmp_path, kind):
     run(superlink, tmp_path, kind, method="fedavg", **{"fault-fraction": 0.4, "fault-kind": kind})
