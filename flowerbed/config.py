@@ -22,6 +22,8 @@ MODELS = ("cnn", "resnet8", "resnet18")
 PARTITION_KINDS = ("iid", "dirichlet", "pathological", "shards")
 FEDX_BASES = ("simclr", "byol")
 DISTILL_METHODS = ("fedcc", "feddf", "fedmd")
+#: methods scored by personalised accuracy on the clients' local test splits
+PERSONAL_METHODS = ("fedfew", "ifca", "fedrep", "local", "fedavg-ft")
 
 
 class ConfigError(ValueError):
@@ -215,6 +217,9 @@ class Config:
                               "must be in [0, 1] (0 = no client-side evaluation)")
         if not 0 <= self.local_test_fraction < 1:
             raise ConfigError("local-test-fraction", self.local_test_fraction, "must be in [0, 1)")
+        if self.method in PERSONAL_METHODS and self.local_test_fraction == 0:
+            raise ConfigError("local-test-fraction", 0.0, f"{self.method} is scored on the clients' "
+                              "local test splits: set it > 0 (the FedFew paper: 0.25)")
         positive_ints = ("num-server-rounds", "local-epochs", "batch-size", "eval-every", "min-clients",
                          "probe-every", "probe-epochs", "probe-batch-size", "ssl-dim", "num-models",
                          "fedade-rounds-per-step", "fedade-batch", "fedade-steps", "fedade-pretrain-epochs")

@@ -28,7 +28,7 @@ from flowerbed.config import Config
 from flowerbed.datasets.loading import DataSet
 from flowerbed.strategies.base import FlowerbedFedAvg
 from flowerbed.strategies.fedade import FedADEStrategy
-from flowerbed.strategies.fedavg import FedAvgStrategy, FedProxStrategy
+from flowerbed.strategies.fedavg import FedAvgFTStrategy, FedAvgStrategy, FedProxStrategy
 from flowerbed.strategies.fedcc import FedCCStrategy
 from flowerbed.strategies.feddf import FedDFStrategy
 from flowerbed.strategies.fedfew import FedFewStrategy
@@ -84,7 +84,7 @@ METHODS: dict[str, Method] = {
         Method("fedrep", FedRepStrategy, FedRepClient, make_model,
                "FedRep (Collins et al., 2021): shared body, personal head"),
         Method("local", LocalStrategy, LocalClient, make_model, "Local-only training"),
-        Method("fedavg-ft", FedAvgStrategy, FedAvgFTClient, make_model,
+        Method("fedavg-ft", FedAvgFTStrategy, FedAvgFTClient, make_model,
                "FedAvg, evaluated after local fine-tuning"),
         Method("fedxds", FedXDSStrategy, FedXDSClient, make_model,
                "FedXDS (Hoefler et al., 2025): attribution-masked, noised data sharing"),

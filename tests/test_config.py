@@ -47,6 +47,12 @@ def test_bad_values_name_the_key(key, value, needle):
     assert f"'{key}'" in msg and needle in msg and "\n" not in msg
 
 
+@pytest.mark.parametrize("method", ["fedavg-ft", "fedfew", "local"])
+def test_personalised_methods_need_a_local_test_split(method):
+    with pytest.raises(ConfigError, match="'local-test-fraction' = 0.0 is invalid: .* local test splits"):
+        Config.from_run_config({"method": method, "local-test-fraction": 0.0})
+
+
 def test_unknown_key():
     with pytest.raises(ConfigError, match="'no-such-key'.*unknown key"):
         Config.from_run_config({"no-such-key": 1})

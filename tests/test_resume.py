@@ -16,7 +16,7 @@ from inprocess import run_inprocess
 from methods import EXTRA
 
 from flowerbed import checkpoint, engine, faults
-from flowerbed.config import Config, ConfigError
+from flowerbed.config import PERSONAL_METHODS, Config, ConfigError
 from flowerbed.registry import METHODS
 from flowerbed.results import read_metrics
 
@@ -63,6 +63,9 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path, method):
     assert resumed["final-accuracy"] == full["final-accuracy"]
     assert json.loads((tmp_path / "halt" / "config.json").read_text())["resumed-after-rounds"] == [1]
     assert not (tmp_path / "client-state" / "halt").exists()  # filed client state is cleaned up
+    if method in PERSONAL_METHODS:  # their headline score is the personalised one (regression:
+        last = read_metrics(tmp_path / "full")[-1]  # FedAvg-FT's was the global model's)
+        assert full["final-accuracy"] == last["accuracy"] == last["client-accuracy"]
 
 
 def mixed_faults_cover_every_kind(cfg: Config, clients: int) -> set[str]:

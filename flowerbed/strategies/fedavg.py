@@ -6,10 +6,17 @@ from flwr.serverapp.strategy import FedProx
 
 from flowerbed.config import Config
 from flowerbed.strategies.base import FlowerbedFedAvg
+from flowerbed.strategies.personal import PersonalStrategy
 
 
 class FedAvgStrategy(FlowerbedFedAvg):
     """FedAvg (McMahan et al., 2017): the sample-weighted mean of the clients' models."""
+
+
+class FedAvgFTStrategy(PersonalStrategy):
+    """FedAvg-FT: FedAvg's aggregation, scored like the other personalised methods: the round's
+    accuracy is the clients' (sample-weighted) accuracy on their local test splits after local
+    fine-tuning, not the global model's on the server test set."""
 
 
 class FedProxStrategy(FedProx, FlowerbedFedAvg):
