@@ -5,7 +5,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from flowerbed.strategies.fedavg import FedAvgStrategy, FedProxStrategy
-from flowerbed.strategies.scaffold import CV_DELTA, ScaffoldStrategy
+from flowerbed.strategies.scaffold import ACCEPTED, CV_DELTA, ScaffoldStrategy
 from tests.conftest import error_reply, reply, sent
 
 SHAPES = {"w": (3, 2), "b": (2,)}
@@ -128,6 +128,7 @@ def test_scaffold_server_update(cfg):
     assert np.allclose(s.c["w"], 1.0) and "b" not in s.c
     content_next = s.train_content(2, out, ConfigRecord())
     assert np.allclose(content_next["server_cv"]["w"].numpy(), 1.0)
+    assert dict(content_next[ACCEPTED]) == {"0": 1, "1": 1}  # whose Δc_i c now holds
 
 
 def test_scaffold_rejects_reply_without_delta(cfg):
@@ -137,6 +138,7 @@ def test_scaffold_rejects_reply_without_delta(cfg):
     reps = [reply(msgs[0], content(1.0, 5)),
             reply(msgs[1], content(1.0, 5, **{CV_DELTA: ArrayRecord(bad)}))]
     assert s.aggregate_train(1, reps) == (None, None)
+    assert s.accepted == {}  # neither client may adopt its c_i+
     reasons = [f["reason"] for f in s.round.failed]
     assert "missing ArrayRecord 'cv_delta'" in reasons[0] and "shape" in reasons[1]
 

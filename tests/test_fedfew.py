@@ -165,3 +165,34 @@ def test_fedrep_keeps_the_head_and_uploads_the_body():
     assert set(ctx.state["fedrep.head"]) == {"fc2.weight", "fc2.bias"}
     head = ctx.state["fedrep.head"]["fc2.weight"].numpy()
     assert not np.allclose(head, full["fc2.weight"].numpy())  # the head trained locally
+
+
+def test_scaffold_client_adopts_its_c_i_only_once_the_server_took_its_delta():
+    """Regression: a client used to keep its new c_i even when the server refused the reply
+    (timeout, validation), so c drifted from the mean of the c_i."""
+    from flowerbed.clients.base import make_model
+    from flowerbed.clients.scaffold import PENDING, STATE_KEY
+    from flowerbed.datasets.federated import train_set
+    from flowerbed.strategies.scaffold import ACCEPTED
+    from flowerbed.training import to_record
+
+    c, cfg, ctx = client("scaffold")
+    fresh, _, fresh_ctx = client("scaffold")
+    model = to_record(make_model(cfg, train_set(cfg)))
+
+    def train(cl, rnd, accepted):
+        return cl.train(sent(4, RecordDict({"arrays": model, ACCEPTED: ConfigRecord(accepted),
+                                            "config": ConfigRecord({"server-round": rnd})})))
+
+    def bias(ctx_, key):
+        return ctx_.state[key]["fc2.bias"].numpy().copy()
+
+    train(c, 1, {})
+    assert STATE_KEY not in ctx.state and PENDING in ctx.state  # c_i+ waits for the server
+    train(c, 2, {"2": 0})  # round 1's reply was refused: c_i stays 0 ...
+    assert STATE_KEY not in ctx.state
+    train(fresh, 2, {})  # ... so round 2 trains as a client that never had a c_i
+    assert np.array_equal(bias(ctx, PENDING), bias(fresh_ctx, PENDING))
+    second = bias(ctx, PENDING)
+    train(c, 3, {"2": 2})  # round 2's delta was taken: its c_i+ is adopted
+    assert np.array_equal(bias(ctx, STATE_KEY), second)

@@ -18,14 +18,19 @@ with momentum on that split, so K/(1 − β) stays.
 
 from __future__ import annotations
 
+import logging
+
 import torch
-from flwr.app import Array, ArrayRecord, Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from torch import nn
 
 from flowerbed.clients.base import Client
-from flowerbed.strategies.scaffold import CV_DELTA, SERVER_CV
+from flowerbed.strategies.scaffold import ACCEPTED, CV_DELTA, SERVER_CV
 
 STATE_KEY = "scaffold.c_i"
+PENDING = "scaffold.c_i-pending"  # c_i⁺ of the last reply, adopted once the server took its Δc_i
+PENDING_ROUND = "scaffold.pending-round"
+log = logging.getLogger("flowerbed")
 
 
 class ScaffoldClient(Client):
@@ -36,6 +41,7 @@ class ScaffoldClient(Client):
 
     def fit(self, model: nn.Module, msg: Message, rnd: int, **hooks):
         c_rec = msg.content.array_records.get(SERVER_CV)
+        self._adopt_pending(msg)
         ci_rec = self.context.state.array_records.get(STATE_KEY)
         params = dict(model.named_parameters())
         self._x = {k: p.detach().clone() for k, p in params.items()}
@@ -58,5 +64,20 @@ class ScaffoldClient(Client):
             ci_plus = self._ci[k] - self._c[k] + (self._x[k] - p.detach()) * scale
             delta[k] = Array((ci_plus - self._ci[k]).cpu().numpy())
             new_ci[k] = Array(ci_plus.cpu().numpy())
-        self.context.state[STATE_KEY] = ArrayRecord(new_ci)
+        self.context.state[PENDING] = ArrayRecord(new_ci)
+        self.context.state[PENDING_ROUND] = ConfigRecord({"round": self.round_of(msg)})
         return {CV_DELTA: ArrayRecord(delta)}
+
+    def _adopt_pending(self, msg: Message) -> None:
+        """c_i ← the last reply's c_i⁺ if the server aggregated that reply's Δc_i, else keep c_i."""
+        state = self.context.state
+        if PENDING not in state.array_records:
+            return
+        pending_round = state.config_records[PENDING_ROUND]["round"]
+        accepted = msg.content.config_records.get(ACCEPTED, ConfigRecord())
+        if accepted.get(str(self.partition_id)) == pending_round:
+            state[STATE_KEY] = state.array_records[PENDING]
+        else:
+            log.info("SCAFFOLD: the server did not take round %d's Δc_i; c_i stays", pending_round)
+        del state[PENDING]
+        del state[PENDING_ROUND]

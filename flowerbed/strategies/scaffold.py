@@ -8,6 +8,11 @@ Each client keeps its control variate c_i in ``context.state`` and returns its m
 
 c starts empty, meaning zero for every parameter; it gains a key the first time a client
 reports one (control variates cover trainable parameters, not buffers).
+
+c must stay the mean of the clients' c_i, so a client adopts its c_i⁺ only once the server has
+taken its Δc_i: every training message names, per partition, the last round whose Δc_i was
+aggregated (``ACCEPTED``); a client whose last reply was refused (timeout, failed validation,
+a skipped round) keeps its old c_i.
 """
 
 from __future__ import annotations
@@ -20,20 +25,23 @@ from flowerbed.strategies.base import FlowerbedFedAvg, metric_record
 
 SERVER_CV = "server_cv"
 CV_DELTA = "cv_delta"
+ACCEPTED = "scaffold_accepted"  # ConfigRecord: partition id (str) -> last round whose Δc_i was taken
 
 
 class ScaffoldStrategy(FlowerbedFedAvg):
     reply_arrays = {"arrays": "exact", CV_DELTA: "subset"}  # c_i covers parameters only
-    checkpoint_attrs = ("c",)  # the server control variate
+    checkpoint_attrs = ("c", "accepted")  # the server control variate; whose Δc_i it holds
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.c: dict[str, np.ndarray] = {}
+        self.accepted: dict[str, int] = {}
 
     def train_content(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord
                       ) -> RecordDict:
         content = super().train_content(server_round, arrays, config)
         content[SERVER_CV] = ArrayRecord({k: Array(v) for k, v in self.c.items()})
+        content[ACCEPTED] = ConfigRecord(dict(self.accepted or {}))
         return content
 
     def aggregate_train(self, server_round: int, replies):
@@ -50,10 +58,12 @@ class ScaffoldStrategy(FlowerbedFedAvg):
                                         .astype(self._reference[k].numpy().dtype))
                                for k in avg})
         n_total = max(self.num_partitions or len(valid), len(valid))
-        for r in valid:
+        self.accepted = self.accepted or {}  # (a checkpoint from before it was kept)
+        for pid, r in zip(self.round.ok, valid, strict=True):  # both in partition order
             for k, arr in r.content[CV_DELTA].items():
                 d = arr.numpy().astype(np.float32) / n_total
                 self.c[k] = self.c[k] + d if k in self.c else d
+            self.accepted[str(pid)] = server_round
         metrics = self.train_metrics_aggr_fn([RecordDict({"m": metric_record(r.content)})
                                               for r in valid], self.weighted_by_key)
         self.round.train_metrics = dict(metrics)
