@@ -5,8 +5,9 @@ contexts. Methods whose clients keep state between rounds (SCAFFOLD's c_i, FedBY
 local model, FedCC/FedDF/FedMD's models, FedRep's head, Local's model, FedXDS's D_g, Fed-ADE's
 personal layers and estimator buffers) therefore file it after every training round, on the
 client's own machine, under ``<client-state-dir>/<run-key>/partition-<i>/round-<r>.pt`` (the last
-two rounds are kept). In a resumed run, the first message a client gets from round r restores the
-newest file from before round r; methods without client state write nothing.
+two rounds are kept; after the run, the last). In a resumed run, the first message a client
+gets from round r restores the newest file from before round r; methods without client state
+write nothing.
 
 ``run-key`` is the run directory's name, sent by the server in every message's config.
 """
@@ -17,7 +18,6 @@ import contextlib
 import logging
 import os
 import re
-import shutil
 from pathlib import Path
 
 import torch
@@ -105,7 +105,13 @@ def run_key_of(msg: Message) -> str:
     return str(cfg.get("run-key", "")) if cfg is not None else ""
 
 
-def remove(cfg: Config, run_key: str) -> None:
-    """Delete a finished run's filed client state on this machine."""
-    if run_key:
-        shutil.rmtree(root(cfg) / run_key, ignore_errors=True)
+def prune(cfg: Config, run_key: str) -> None:
+    """A finished run: keep only each client's newest filed state on this machine (what a run
+    extended with more rounds resumes from, as on a deployed client's machine)."""
+    base = root(cfg) / run_key if run_key else None
+    if base is None or not base.is_dir():
+        return
+    for d in base.glob("partition-*"):
+        for old in sorted(_rounds(d))[:-1]:
+            with contextlib.suppress(OSError):
+                (d / f"round-{old}.pt").unlink()

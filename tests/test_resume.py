@@ -62,10 +62,26 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path, method):
     assert rows_of(tmp_path / "halt") == rows_of(tmp_path / "full")
     assert resumed["final-accuracy"] == full["final-accuracy"]
     assert json.loads((tmp_path / "halt" / "config.json").read_text())["resumed-after-rounds"] == [1]
-    assert not (tmp_path / "client-state" / "halt").exists()  # filed client state is cleaned up
+    for d in (tmp_path / "client-state" / "halt").glob("partition-*"):  # the newest state only
+        assert [f.name for f in d.iterdir()] == ["round-2.pt"]
     if method in PERSONAL_METHODS:  # their headline score is the personalised one (regression:
         last = read_metrics(tmp_path / "full")[-1]  # FedAvg-FT's was the global model's)
         assert full["final-accuracy"] == last["accuracy"] == last["client-accuracy"]
+
+
+@pytest.mark.parametrize("method", ["scaffold", "local"])
+def test_a_finished_run_extended_continues_its_clients_state(tmp_path, method):
+    """Regression: a finished run's filed client state was deleted, so extending it with more
+    rounds (run --resume -c num-server-rounds=N, compare --resume --rounds N) restarted every
+    client's c_i / local model while the server kept its side."""
+    run_inprocess(config(tmp_path, method, "full", **{"num-server-rounds": 3}), 3)  # names of
+    # equal length: the run key travels in every message, and bytes are compared too
+    run_inprocess(config(tmp_path, method, "more"), 3)
+    run_inprocess(config(tmp_path, method, "more", resume=str(tmp_path / "more"),
+                         **{"num-server-rounds": 3}), 3)
+    full, more = (rows_of(tmp_path / n)[3] for n in ("full", "more"))
+    assert differences({k: v for k, v in more.items() if k != "rounds"},
+                       {k: v for k, v in full.items() if k != "rounds"}) == []
 
 
 def mixed_faults_cover_every_kind(cfg: Config, clients: int) -> set[str]:

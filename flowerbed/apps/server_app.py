@@ -149,7 +149,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     }
     if strategy.model is not None and result.arrays is not None and len(result.arrays):
         torch.save(result.arrays.to_torch_state_dict(), run_dir.path / "model.pt")
-    client_state.remove(cfg, strategy.run_key)  # clients' filed state on this machine, if any
+    client_state.prune(cfg, strategy.run_key)  # clients' filed state here: the newest only
     summary = run_dir.finish(summary)  # last: its presence means the run finished
     log.info("finished: final accuracy %s, summary in %s", summary["final-accuracy"],
              run_dir.path / "summary.json")
