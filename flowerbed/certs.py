@@ -91,6 +91,22 @@ def san_hosts(cert_path: Path) -> list[str]:
         [str(v) for v in san.get_values_for_type(x509.IPAddress)]
 
 
+def unnamed(cert_path: Path, hosts: list[str]) -> list[str]:
+    """The ``hosts`` a server certificate is not valid for (SuperNodes connecting by those
+    names would fail the TLS check); addresses compared as addresses, names case-blind."""
+    def canon(h: str) -> str:
+        try:
+            return ipaddress.ip_address(h.strip("[]")).compressed
+        except ValueError:
+            return h.lower()
+
+    try:
+        named = {canon(h) for h in san_hosts(cert_path)}
+    except x509.ExtensionNotFound:
+        named = set()
+    return sorted(h for h in hosts if canon(h) not in named)
+
+
 def make_node_key(path: Path) -> Path:
     """An EC key pair for SuperNode authentication: ``path`` (private) and ``path.pub``."""
     path = Path(path)

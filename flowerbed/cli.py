@@ -81,7 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError("--num-clients", args.num_clients, f"the run in {args.resume} has "
                               f"{n} clients (partitions); a resumed run keeps them")
         args.num_clients = n or args.num_clients
-    args.num_clients = args.num_clients or 10
+    args.num_clients = 10 if args.num_clients is None else args.num_clients
     cfg = preflight(overrides, args.num_clients, args.gpus_per_client)
     overrides["output-dir"] = str(Path(cfg.output_dir).resolve())
     if not overrides.get("run-name"):  # "" too: the launcher must know where the run lands
@@ -116,7 +116,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from flowerbed.compare import compare
 
     overrides = compare_overrides(args)
-    args.num_clients = args.num_clients or 10
+    args.num_clients = 10 if args.num_clients is None else args.num_clients
     if args.resume and not args.out:
         raise ConfigError("--resume", True, "needs --out: the folder of the comparison to continue")
     seeds = _seeds(args.seeds) if args.seeds else None
@@ -189,16 +189,19 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         cfg = Config.from_run_config(_overrides(args))
         from flowerbed.datasets.federated import export_partitions
 
-        for f in export_partitions(cfg, args.num_clients or 2, Path(args.out or "client-data")):
+        n = 2 if args.num_clients is None else args.num_clients
+        for f in export_partitions(cfg, n, Path(args.out or "client-data")):
             print(f"{f}: {json.loads((f / 'partition.json').read_text())['num-train']} train samples")
     elif args.action == "up":
-        if args.data_dirs:  # one SuperNode per exported client folder
-            found = len(list(Path(args.data_dirs).glob("client-*")))
-            if not found or args.num_clients not in (None, found):
-                raise ConfigError("--num-clients", args.num_clients, f"{args.data_dirs} holds "
-                                  f"{found} client-<i> folders; start one SuperNode per folder")
-            args.num_clients = found
-        args.num_clients = args.num_clients or 2
+        if args.data_dirs:  # one SuperNode per exported client folder, client-0 ... client-<n-1>
+            ids = sorted(int(d.name[7:]) for d in Path(args.data_dirs).glob("client-*")
+                         if d.is_dir() and d.name[7:].isdigit())
+            if not ids or ids != list(range(len(ids))) or args.num_clients not in (None, len(ids)):
+                raise ConfigError("--num-clients", args.num_clients, f"{args.data_dirs} holds client "
+                                  f"folders {ids or 'none'}; start one SuperNode per folder, "
+                                  "client-0 ... client-<n-1>")
+            args.num_clients = len(ids)
+        args.num_clients = 2 if args.num_clients is None else args.num_clients
         extra = [{"data-root": args.data_root,
                   "data-dir": str(Path(args.data_dirs).resolve() / f"client-{i}") if args.data_dirs else ""}
                  for i in range(args.num_clients)]

@@ -220,6 +220,10 @@ class Config:
         if self.method in PERSONAL_METHODS and self.local_test_fraction == 0:
             raise ConfigError("local-test-fraction", 0.0, f"{self.method} is scored on the clients' "
                               "local test splits: set it > 0 (the FedFew paper: 0.25)")
+        if (self.method in PERSONAL_METHODS and self.fraction_evaluate == 0
+                and not (self.method == "fedfew" and self.fedfew_eval == "local")):
+            raise ConfigError("fraction-evaluate", 0.0, f"{self.method} is scored by its clients' "
+                              "evaluation: set it > 0")
         positive_ints = ("num-server-rounds", "local-epochs", "batch-size", "eval-every", "min-clients",
                          "probe-every", "probe-epochs", "probe-batch-size", "ssl-dim", "num-models",
                          "fedade-rounds-per-step", "fedade-batch", "fedade-steps", "fedade-pretrain-epochs")

@@ -200,8 +200,7 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
     wanted = [sl_host, *(cert_hosts or [])]
     if not dep.insecure and not (dep.certs / certs.SERVER_CERT).exists():
         certs.make_certs(dep.certs, [*certs.DEFAULT_HOSTS, *wanted])
-    elif not dep.insecure and (missing := sorted(set(wanted) - set(certs.san_hosts(
-            dep.certs / certs.SERVER_CERT)))):  # SuperNodes would fail the TLS check
+    elif not dep.insecure and (missing := certs.unnamed(dep.certs / certs.SERVER_CERT, wanted)):
         raise DeployError(f"the SuperLink certificate {dep.certs / certs.SERVER_CERT} (made by an "
                           f"earlier `up`) does not name {', '.join(missing)}; make new ones with "
                           f"`flowerbed deploy certs --home {dep.home} "

@@ -143,6 +143,17 @@ def test_scaffold_rejects_reply_without_delta(cfg):
     assert "missing ArrayRecord 'cv_delta'" in reasons[0] and "shape" in reasons[1]
 
 
+def test_scaffold_records_only_the_taken_deltas(cfg):
+    s = ScaffoldStrategy(cfg)
+    msgs = prepared(s, [101, 102, 103])
+    d = ArrayRecord({"w": Array(np.ones((3, 2), np.float32))})
+    reps = [reply(msgs[0], content(1.0, 5)),  # partition 0: no delta, refused
+            reply(msgs[2], content(1.0, 5, **{CV_DELTA: d})),  # partition 2 taken
+            reply(msgs[1], content(1.0, 5, **{CV_DELTA: d}))]  # partition 1 taken
+    s.aggregate_train(4, reps)
+    assert s.accepted == {"1": 4, "2": 4}
+
+
 def test_a_round_without_evaluation_counts_no_failures(cfg):
     """Regression: with no evaluation messages sent, the training messages are not 'missing'."""
     s = FedAvgStrategy(cfg)

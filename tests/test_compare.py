@@ -128,7 +128,10 @@ def test_deploy_up_starts_one_supernode_per_exported_folder(tmp_path, capsys):
         (tmp_path / f"client-{i}").mkdir()
     argv = ["deploy", "up", "--home", str(tmp_path / "home"), "--data-dirs", str(tmp_path)]
     assert cli.main([*argv, "--num-clients", "2"]) == 2
-    assert "holds 3 client-<i> folders" in capsys.readouterr().err
+    assert "holds client folders [0, 1, 2]" in capsys.readouterr().err
+    (tmp_path / "client-1").rename(tmp_path / "client-7")  # a gap: not an export of ours
+    assert cli.main(argv) == 2
+    assert "holds client folders [0, 2, 7]" in capsys.readouterr().err
 
 
 def test_partitions_shows_the_split_a_preset_and_run_config_give(tmp_path, capsys):

@@ -51,6 +51,9 @@ def test_bad_values_name_the_key(key, value, needle):
 def test_personalised_methods_need_a_local_test_split(method):
     with pytest.raises(ConfigError, match="'local-test-fraction' = 0.0 is invalid: .* local test splits"):
         Config.from_run_config({"method": method, "local-test-fraction": 0.0})
+    with pytest.raises(ConfigError, match="'fraction-evaluate' = 0.0 is invalid: .* clients' evaluation"):
+        Config.from_run_config({"method": method, "fraction-evaluate": 0.0})
+    Config.from_run_config({"method": "fedfew", "fraction-evaluate": 0.0, "fedfew-eval": "local"})
 
 
 def test_unknown_key():

@@ -59,7 +59,7 @@ def test_node_config_and_commands():
     assert "--insecure" in deploy.superlink_cmd(deploy.Deployment(insecure=True))
 
 
-def test_own_data_folder_equals_the_seeded_partition(tmp_path):
+def test_own_data_folder_equals_the_seeded_partition(tmp_path, caplog):
     """`flowerbed deploy export-data` + `data-dir` gives a SuperNode exactly its seeded split."""
     cfg = Config.from_run_config({"train-samples": 1200, "partition": "dirichlet:0.5"})
     folders = export_partitions(cfg, 3, tmp_path)
@@ -69,10 +69,14 @@ def test_own_data_folder_equals_the_seeded_partition(tmp_path):
         assert (own_tr.x == tr.x).all() and (own_tr.y == tr.y).all() and (own_te.y == te.y).all()
     with pytest.raises(DataError, match="partition 0, but this SuperNode is partition-id=1"):
         read_partition_dir(cfg, folders[0], 1)
-    with pytest.raises(DataError, match="exported with num-partitions=3, partition='dirichlet:0.5'; "
-                                        "this run \\(node\\) has num-partitions=2, partition='iid'"):
-        read_partition_dir(Config.from_run_config({"train-samples": 1200, "partition": "iid"}),
-                           folders[0], 0, 2)
+    with pytest.raises(DataError, match="one of 3 exported partitions, but this SuperNode has "
+                                        "num-partitions=2"):
+        read_partition_dir(cfg, folders[0], 0, 2)
+    with caplog.at_level("WARNING", logger="flowerbed"):  # another seed: allowed, but said
+        read_partition_dir(Config.from_run_config({"train-samples": 1200, "partition": "iid",
+                                                   "seed": 1}), folders[0], 0, 3)
+    assert "exported with partition='dirichlet:0.5', seed=0; this run has partition='iid', seed=1" \
+        in caplog.text
     with pytest.raises(DataError, match="holds fashion-mnist, the run uses cifar10"):
         read_partition_dir(Config.from_run_config({"dataset": "cifar10"}), folders[0], 0)
     (folders[2] / "test-labels.idx.gz").unlink()
@@ -184,3 +188,6 @@ def test_up_refuses_certificates_that_do_not_name_the_address(tmp_path):
                                                  "`flowerbed deploy certs"):
         deploy.up(dep, 1)
     assert not (tmp_path / "pids.json").exists()  # nothing was started
+    # the same names written otherwise are named: addresses compare as addresses, names case-blind
+    assert certs.unnamed(tmp_path / "certs" / certs.SERVER_CERT,
+                         ["0:0:0:0:0:0:0:1", "[::1]", "LOCALHOST", "10.0.0.5"]) == ["10.0.0.5"]

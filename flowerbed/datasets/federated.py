@@ -138,14 +138,15 @@ def read_partition_dir(cfg: Config, folder: Path, partition_id: int,
     if meta.get("partition-id", partition_id) != partition_id:
         raise DataError(f"data-dir {folder} holds partition {meta['partition-id']}, but this "
                         f"SuperNode is partition-id={partition_id}")
-    run = {"num-partitions": num_partitions, "partition": str(cfg.partition), "seed": cfg.seed,
-           "train-samples": cfg.train_samples, "public-fraction": cfg.public_fraction}
-    differ = [k for k, v in run.items() if v is not None and meta.get(k, v) != v]
-    if differ:
-        raise DataError(f"data-dir {folder} was exported with " + ", ".join(
-            f"{k}={meta[k]!r}" for k in differ) + "; this run (node) has " + ", ".join(
-            f"{k}={run[k]!r}" for k in differ) + ": export the data again with the run's "
-            "settings, or run with the folder's")
+    if num_partitions is not None and meta.get("num-partitions", num_partitions) != num_partitions:
+        raise DataError(f"data-dir {folder} is one of {meta['num-partitions']} exported partitions, "
+                        f"but this SuperNode has num-partitions={num_partitions}")
+    run = {"partition": str(cfg.partition), "seed": cfg.seed, "train-samples": cfg.train_samples,
+           "public-fraction": cfg.public_fraction}
+    if differ := [k for k, v in run.items() if meta.get(k, v) != v]:  # the folder is the data;
+        log.warning("data-dir %s was exported with %s; this run has %s: the client trains on the "
+                    "folder's data", folder, ", ".join(f"{k}={meta[k]!r}" for k in differ),
+                    ", ".join(f"{k}={run[k]!r}" for k in differ))  # (seed: also model init)
 
     def read(split: str) -> DataSet | None:
         img, lbl = folder / f"{split}-images.idx.gz", folder / f"{split}-labels.idx.gz"
