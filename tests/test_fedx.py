@@ -105,3 +105,17 @@ def test_fedx_ablations_change_the_loss():
         losses[(local, glob)] = client.loss(model, v, x, x.flip(3), x.roll(1, 0)).item()
     assert losses[(True, True)] > losses[(False, True)] > losses[(False, False)]
     assert losses[(True, True)] > losses[(True, False)] > losses[(False, False)]
+
+
+def test_grey_scale_views_are_seeded_and_distort_intensity():
+    """1-channel views jitter brightness/contrast (crop + flip alone keep a uniform image as it
+    is, so two views would share their intensity histogram), and a seed fixes them."""
+    from flowerbed.datasets.augment import Augmenter
+
+    augment, flat = Augmenter(1, 28), torch.full((64, 1, 28, 28), 128, dtype=torch.uint8)
+    torch.manual_seed(3)
+    a = augment(flat)
+    torch.manual_seed(3)
+    assert torch.equal(a, augment(flat)) and a.dtype == torch.uint8 and a.shape == flat.shape
+    means = a.float().mean(dim=(1, 2, 3))
+    assert (means != 128).float().mean() > 0.5 and means.std() > 5

@@ -11,14 +11,23 @@ import torch
 
 
 def ssl_transform(channels: int, size: int):
-    """SimCLR-style views: 1-channel 28x28 (crop + flip) or 3-channel 32x32 (+ colour)."""
+    """SimCLR-style views (SimCLR's CIFAR recipe): crop, flip and colour distortion.
+
+    1-channel images get the grey-scale part of the colour distortion, brightness and contrast
+    jitter (saturation, hue and grey-scale conversion do not exist for them). Without it two
+    crops of one image share their intensity histogram, an easy shortcut: with crop + flip only,
+    centralised SimCLR on Fashion-MNIST fell below the random-init encoder's probe for its first
+    16 epochs (80.5 % after one, against 84.97 %); with the jitter it passed it after two
+    (README, FedX).
+    """
     # imported here: torchvision costs ~1.4 s to import, paid by every deployed ClientApp process
     from torchvision.transforms import v2
 
     if channels == 1:
         return v2.Compose([
-            v2.RandomResizedCrop(size, scale=(0.4, 1.0), antialias=True),
+            v2.RandomResizedCrop(size, scale=(0.2, 1.0), antialias=True),
             v2.RandomHorizontalFlip(),
+            v2.RandomApply([v2.ColorJitter(brightness=0.4, contrast=0.4)], p=0.8),
         ])
     return v2.Compose([
         v2.RandomResizedCrop(size, scale=(0.2, 1.0), antialias=True),
