@@ -194,6 +194,32 @@ def test_oversized_and_malformed_replies_are_refused_not_fatal(tmp_path):
     assert s["client-failures-total"] >= 1 and all(r["clients-ok"] >= 1 for r in rows)
 
 
+def test_nodes_that_never_say_their_partition_are_a_clear_error(tmp_path):
+    """Regression: on a loaded machine no deployed node answered the whoami message within its
+    fixed 120 s, and the run died with "num-partitions = 0 is invalid: need at least one
+    client". The wait is now round-timeout, and its end says what did not answer."""
+    from inprocess import LocalGrid
+
+    from flowerbed.apps import server_app
+    from flowerbed.strategies.base import WHOAMI
+
+    class SilentGrid(LocalGrid):
+        timeouts: list = []
+
+        def send_and_receive(self, messages, *, timeout=None):
+            messages = list(messages)
+            if all(m.metadata.message_type == WHOAMI for m in messages):
+                self.timeouts.append(timeout)
+                return []
+            return super().send_and_receive(messages, timeout=timeout)
+
+    cfg = Config.from_run_config(config(tmp_path, "fedavg", "silent", **{"round-timeout": 7.0}))
+    with pytest.raises(TimeoutError, match=r"none of the 2 connected nodes said which partition "
+                                           r"it serves \(the 'query.whoami' message\) within 7 s"):
+        server_app.run(SilentGrid(cfg.to_run_config(), 2), cfg)
+    assert SilentGrid.timeouts == [7.0]
+
+
 def test_flwr_run_killed_then_resumed_through_the_real_engine(superlink, tmp_path):
     """The real path (simulation engine): `flwr run` whose ServerApp dies after round 1, then
     `resume=<run-dir>`, gives the metrics of an uninterrupted `flwr run`."""

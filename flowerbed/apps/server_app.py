@@ -17,6 +17,7 @@ from flowerbed.config import Config, ConfigError
 from flowerbed.datasets.federated import client_partitions, test_set, train_set
 from flowerbed.registry import METHODS
 from flowerbed.results import RunDir
+from flowerbed.strategies.base import WHOAMI
 from flowerbed.training import pick_device
 
 log = logging.getLogger("flowerbed")
@@ -60,7 +61,13 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     train, test = train_set(cfg), test_set(cfg)
     wait_for_nodes(grid, cfg.min_clients)
     strategy = method.strategy(cfg)
-    num_partitions = strategy.discover(grid, wait_all=60.0)
+    num_partitions = strategy.discover(grid, wait_all=60.0, timeout=cfg.round_timeout)
+    if num_partitions == 0:
+        nodes = len(list(grid.get_node_ids()))
+        raise TimeoutError(f"none of the {nodes} connected nodes said which partition it serves "
+                           f"(the '{WHOAMI}' message) within {cfg.round_timeout:.0f} s "
+                           "(round-timeout); errors they replied are logged above. On a loaded "
+                           "machine raise round-timeout.")
     client_partitions(cfg, num_partitions)  # impossible splits stop here, before round 1
     if num_partitions < cfg.min_clients:
         raise ConfigError("min-clients", cfg.min_clients,

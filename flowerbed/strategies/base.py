@@ -102,11 +102,13 @@ class FlowerbedFedAvg(FedAvg):
         self.run_key = ""  # the run directory's name: where clients file their per-round state
 
     # ------------------------------------------------------------------ nodes and sampling
-    def discover(self, grid: Grid, wait_all: float = 0.0) -> int:
+    def discover(self, grid: Grid, wait_all: float = 0.0, timeout: float = 120.0) -> int:
         """Map nodes to partition ids (whoami round for new nodes); returns num-partitions.
 
         With ``wait_all > 0``, keep waiting up to that many seconds until every partition has
-        a node (nodes register one by one when a federation starts).
+        a node (nodes register one by one when a federation starts). ``timeout`` bounds the wait
+        for whoami replies (a deployed ClientApp is a new process per message: on a loaded
+        machine its first reply can take minutes).
         """
         deadline = time.time() + wait_all
         while True:
@@ -118,16 +120,16 @@ class FlowerbedFedAvg(FedAvg):
                 log.warning("partition %d (node %d) left the federation", pid, nid)
             new = sorted(nodes - set(self.partition_of))
             if new:
-                self._whoami(grid, new)
+                self._whoami(grid, new, timeout)
             n = self.num_partitions or 0
             if len(self.node_of) >= n or time.time() >= deadline:
                 return n
             time.sleep(0.5)
 
-    def _whoami(self, grid: Grid, node_ids: list[int]) -> None:
+    def _whoami(self, grid: Grid, node_ids: list[int], timeout: float) -> None:
         msgs = [Message(content=RecordDict({"config": ConfigRecord()}), message_type=WHOAMI,
                         dst_node_id=n) for n in node_ids]
-        for reply in grid.send_and_receive(msgs, timeout=120):
+        for reply in grid.send_and_receive(msgs, timeout=timeout):
             if reply.has_error():
                 log.warning("node %s did not answer whoami: %s", reply.metadata.src_node_id,
                             short_reason(reply.error.reason))
