@@ -23,18 +23,13 @@ def ssl_transform(channels: int, size: int):
     # imported here: torchvision costs ~1.4 s to import, paid by every deployed ClientApp process
     from torchvision.transforms import v2
 
+    crop_flip = [v2.RandomResizedCrop(size, scale=(0.2, 1.0), antialias=True),
+                 v2.RandomHorizontalFlip()]
     if channels == 1:
-        return v2.Compose([
-            v2.RandomResizedCrop(size, scale=(0.2, 1.0), antialias=True),
-            v2.RandomHorizontalFlip(),
-            v2.RandomApply([v2.ColorJitter(brightness=0.4, contrast=0.4)], p=0.8),
-        ])
-    return v2.Compose([
-        v2.RandomResizedCrop(size, scale=(0.2, 1.0), antialias=True),
-        v2.RandomHorizontalFlip(),
-        v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
-        v2.RandomGrayscale(p=0.2),
-    ])
+        return v2.Compose([*crop_flip,
+                           v2.RandomApply([v2.ColorJitter(brightness=0.4, contrast=0.4)], p=0.8)])
+    return v2.Compose([*crop_flip, v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
+                       v2.RandomGrayscale(p=0.2)])
 
 
 class Augmenter:
