@@ -122,6 +122,7 @@ class Config:
     probe_batch_size: int
     ssl_tau: float
     ssl_dim: int
+    ssl_head_bn: bool
     byol_ema: float
     fedu_mu: float
     fedx_base: str

@@ -70,7 +70,8 @@ def make_client(method, **extra):
 
 @pytest.mark.parametrize("method,extra", [("fedsimclr", {}), ("fedbyol", {}), ("fedu", {}),
                                           ("fedx", {"fedx-base": "simclr"}),
-                                          ("fedx", {"fedx-base": "byol"})])
+                                          ("fedx", {"fedx-base": "byol"}),
+                                          ("fedx", {"fedx-base": "byol", "ssl-head-bn": True})])
 def test_ssl_clients_never_see_labels(method, extra):
     client, _, msg, ctx = make_client(method, **extra)
     assert (client.train_data.y == -1).all(), "labels must be removed before training code"
@@ -79,6 +80,13 @@ def test_ssl_clients_never_see_labels(method, extra):
     assert np.isfinite(out.content["metrics"]["train-loss"])
     if method in ("fedbyol", "fedu") or extra.get("fedx-base") == "byol":
         assert TARGET in ctx.state.array_records  # the EMA target stays on the client
+
+
+def test_head_batch_norm_is_in_both_heads_only_when_asked():
+    for bn in (False, True):
+        _, model, _, _ = make_client("fedbyol", **{"ssl-head-bn": bn})
+        for head in (model.projector, model.predictor):
+            assert any(isinstance(m, torch.nn.BatchNorm1d) for m in head) is bn
 
 
 def test_fedx_global_copy_is_frozen_and_local_model_learns():
