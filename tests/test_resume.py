@@ -289,3 +289,15 @@ def test_ensemble_without_local_test_splits(tmp_path, method):
     assert [f for r in rows for f in r["failures"]] == []
     assert all(0 < r["accuracy"] <= 1 for r in rows)  # the ensemble of all three clients
     assert all(r["client-accuracy"] is None for r in rows)  # no local scores to report
+
+
+def test_best_accuracy_is_over_trained_rounds(tmp_path, monkeypatch):
+    """Round 0 (the initial model, for self-supervised methods the random-init probe) is the
+    initial accuracy, never the best: a run that ends below it still reports its best round."""
+    from flowerbed.strategies.base import FlowerbedFedAvg
+
+    accs = {0: 0.9, 1: 0.5, 2: 0.6}
+    monkeypatch.setattr(FlowerbedFedAvg, "evaluate_global",
+                        lambda self, rnd, *a: (1.0, accs[rnd]))
+    s = run_inprocess(config(tmp_path, "fedavg", "best"), 2)
+    assert (s["initial-accuracy"], s["best-accuracy"], s["best-round"]) == (0.9, 0.6, 2)

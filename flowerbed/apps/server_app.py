@@ -84,9 +84,12 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
              cfg.method, cfg.dataset, cfg.partition, num_partitions, device)
 
     last = {"t": time.time()}
+    # best over trained rounds: round 0 (the initial model; for the self-supervised methods the
+    # random-init probe, reported as initial-accuracy) is not a result of training
     best: dict[str, Any] = {"accuracy": None, "round": None}
     for r in run_dir.rows:  # a resumed run continues the best-so-far of the rows it keeps
-        if r.get("accuracy") is not None and (best["accuracy"] is None or r["accuracy"] > best["accuracy"]):
+        if r["round"] > 0 and r.get("accuracy") is not None and (
+                best["accuracy"] is None or r["accuracy"] > best["accuracy"]):
             best.update(accuracy=r["accuracy"], round=r["round"])
 
     def end_of_round(rnd: int, arrays: ArrayRecord) -> MetricRecord | None:
@@ -96,7 +99,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         if res is not None:
             loss, acc = res
             row.update(accuracy=acc, loss=loss)
-            if best["accuracy"] is None or acc > best["accuracy"]:
+            if rnd > 0 and (best["accuracy"] is None or acc > best["accuracy"]):
                 best.update(accuracy=acc, round=rnd)
         if rnd > 0:
             rl = strategy.take_round_log()
