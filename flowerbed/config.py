@@ -129,6 +129,7 @@ class Config:
     fedx_local_kd: bool
     fedx_global_kd: bool
     fedx_relational: str
+    fedx_head: str
     fedx_tau_target: float
     distill_epochs: int
     distill_lr: float
@@ -300,6 +301,12 @@ class Config:
             raise ConfigError("fedx-base", self.fedx_base, f"known bases: {', '.join(FEDX_BASES)}")
         if self.fedx_relational not in ("official", "js"):
             raise ConfigError("fedx-relational", self.fedx_relational, "use official or js")
+        if self.fedx_head not in ("shared", "separate"):
+            raise ConfigError("fedx-head", self.fedx_head, "use shared or separate")
+        if self.fedx_head == "separate" and (self.method, self.fedx_base) != ("fedx", "byol"):
+            raise ConfigError("fedx-head", self.fedx_head, "'separate' needs method='fedx' with "
+                              "fedx-base='byol' (over SimCLR the prediction head serves only "
+                              "FedX's global terms already)")
         for key in ("lr", "scaffold-server-lr", "round-timeout", "probe-lr", "ssl-tau",
                     "fedx-tau-target", "fedu-mu", "distill-lr", "fedfew-mu", "fedfew-server-lr",
                     "fedxds-clip"):

@@ -9,7 +9,7 @@ from flwr.app import ConfigRecord, Context, RecordDict
 
 from flowerbed.clients.fedbyol import TARGET, ema_update
 from flowerbed.clients.fedsimclr import make_ssl_model
-from flowerbed.config import Config
+from flowerbed.config import Config, ConfigError
 from flowerbed.datasets.federated import train_set
 from flowerbed.losses import byol_loss, nt_xent, relational_loss
 from flowerbed.registry import METHODS
@@ -71,7 +71,8 @@ def make_client(method, **extra):
 @pytest.mark.parametrize("method,extra", [("fedsimclr", {}), ("fedbyol", {}), ("fedu", {}),
                                           ("fedx", {"fedx-base": "simclr"}),
                                           ("fedx", {"fedx-base": "byol"}),
-                                          ("fedx", {"fedx-base": "byol", "ssl-head-bn": True})])
+                                          ("fedx", {"fedx-base": "byol", "ssl-head-bn": True}),
+                                          ("fedx", {"fedx-base": "byol", "fedx-head": "separate"})])
 def test_ssl_clients_never_see_labels(method, extra):
     client, _, msg, ctx = make_client(method, **extra)
     assert (client.train_data.y == -1).all(), "labels must be removed before training code"
@@ -100,6 +101,21 @@ def test_fedx_global_copy_is_frozen_and_local_model_learns():
     assert not client.global_model.training
     assert model.predictor[0].weight.grad is not None  # the prediction head takes the global terms
     assert model.backbone.conv1.weight.grad.abs().sum() > 0
+
+
+def test_fedx_separate_head_over_byol_takes_the_global_terms():
+    """fedx-head='separate': FedX's global terms go through a head of its own, not BYOL's
+    predictor (which BYOL's loss still trains); it only makes sense over BYOL."""
+    client, model, msg, _ = make_client("fedx", **{"fedx-base": "byol", "fedx-head": "separate"})
+    client.prepare(model, msg)
+    x = client.train_data.normalise(client.train_data.x[:8])
+    v = client.views(model, x, x.flip(3), x.roll(1, 0))
+    client.loss(model, v, x, x.flip(3), x.roll(1, 0)).backward()
+    assert model.kd_head[0].weight.grad.abs().sum() > 0
+    assert model.predictor[0].weight.grad.abs().sum() > 0
+    assert make_client("fedx", **{"fedx-base": "byol"})[1].kd_head is None  # shared: the default
+    with pytest.raises(ConfigError, match="'separate' needs method='fedx' with fedx-base='byol'"):
+        Config.from_run_config({"method": "fedx", "fedx-head": "separate"})
 
 
 def test_fedx_ablations_change_the_loss():

@@ -7,8 +7,10 @@ On top of the base method's loss (``fedx-base``: SimCLR's NT-Xent or BYOL's regr
 
 z are local projections, p local predictions, ·ᵍ projections of a frozen copy of the received
 global model (eval mode, no gradient); the anchor set A is an independent random batch of the
-client's own data. JS is :func:`flowerbed.losses.relational_loss` in the ``fedx-relational``
-form. All weights are 1, as in the official code.
+client's own data. Over BYOL, p comes from BYOL's predictor (``fedx-head='shared'``) or from a
+prediction head of FedX's own (``'separate'``: the paper's "additional prediction head"). JS is
+:func:`flowerbed.losses.relational_loss` in the ``fedx-relational`` form. All weights are 1, as
+in the official code.
 """
 
 from __future__ import annotations
@@ -43,8 +45,11 @@ class FedXMixin:
             with torch.no_grad():
                 _, zg, _ = self.global_model(torch.cat([x2, xr]))
             zg2, zgr = zg.split([len(x2), len(xr)])
-            total = total + nt_xent(v["p1"], zg2, cfg.ssl_tau) + relational_loss(
-                v["p1"], v["p2"], zgr, cfg.ssl_tau, cfg.fedx_tau_target, cfg.fedx_relational)
+            # through the prediction head: BYOL's predictor, or FedX's own (fedx-head='separate')
+            p1, p2 = ((model.kd_head(v["z1"]), model.kd_head(v["z2"])) if model.kd_head is not None
+                      else (v["p1"], v["p2"]))
+            total = total + nt_xent(p1, zg2, cfg.ssl_tau) + relational_loss(
+                p1, p2, zgr, cfg.ssl_tau, cfg.fedx_tau_target, cfg.fedx_relational)
         return total
 
 

@@ -21,11 +21,15 @@ def mlp(d_in: int, hidden: int, d_out: int, bn: bool = False) -> nn.Sequential:
 
 
 class SSLNet(nn.Module):
-    def __init__(self, backbone: nn.Module, dim: int = 256, head_bn: bool = False) -> None:
+    def __init__(self, backbone: nn.Module, dim: int = 256, head_bn: bool = False,
+                 kd_head: bool = False) -> None:
         super().__init__()
         self.backbone = backbone
         self.projector = mlp(backbone.feature_dim, dim, dim, head_bn)
         self.predictor = mlp(dim, dim, dim, head_bn)
+        # FedX over BYOL with fedx-head='separate': FedX's own prediction head for its global
+        # terms, next to BYOL's predictor (aggregated like the rest; not part of forward)
+        self.kd_head = mlp(dim, dim, dim, head_bn) if kd_head else None
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         return self.backbone.features(x)
@@ -37,6 +41,6 @@ class SSLNet(nn.Module):
 
 
 def ssl_model(name: str, channels: int, num_classes: int, image_size: int, dim: int = 256,
-              head_bn: bool = False) -> SSLNet:
+              head_bn: bool = False, kd_head: bool = False) -> SSLNet:
     """An SSLNet on the named backbone (its classifier layer is unused)."""
-    return SSLNet(build_model(name, channels, num_classes, image_size), dim, head_bn)
+    return SSLNet(build_model(name, channels, num_classes, image_size), dim, head_bn, kd_head)
