@@ -71,8 +71,8 @@ def make_client(method, **extra):
 @pytest.mark.parametrize("method,extra", [("fedsimclr", {}), ("fedbyol", {}), ("fedu", {}),
                                           ("fedx", {"fedx-base": "simclr"}),
                                           ("fedx", {"fedx-base": "byol"}),
-                                          ("fedx", {"fedx-base": "byol", "ssl-head-bn": True}),
-                                          ("fedx", {"fedx-base": "byol", "fedx-head": "separate"})])
+                                          ("fedx", {"fedx-base": "byol", "ssl-head-bn": True,
+                                                    "fedx-head": "separate"})])
 def test_ssl_clients_never_see_labels(method, extra):
     client, _, msg, ctx = make_client(method, **extra)
     assert (client.train_data.y == -1).all(), "labels must be removed before training code"
