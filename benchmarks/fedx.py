@@ -5,8 +5,12 @@ Every method runs presets/fedx-cpu.toml (CNN, dirichlet:0.5, 10 clients, 20k tra
 (seeds 0, 1, 2 by default: other partitions and initialisations; one seed's differences between
 methods were within seed-to-seed noise). Round 0's probe is the random-init encoder (the floor).
 Targets (issue #3), on the means over seeds: FedX on SimCLR >= FedSimCLR + 1.0 pp; FedX on
-BYOL >= FedBYOL; every method >= random-init + 10 pp.
+BYOL >= FedBYOL; every method >= random-init + 10 pp. The two BYOL rows are also run with a
+BatchNorm1d in both heads (``ssl-head-bn=true``, BYOL's own heads; the same for both rows, so
+the FedX-over-BYOL check is repeated between them).
 Usage: .venv/bin/python -m benchmarks.fedx [--rounds N] [--seeds 0,1,2] [--resume]
+       [--methods m1,m2]   (run only these; the other rows of benchmarks/results/fedx.json are
+                            kept when they were measured with the same settings and seeds)
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ from pathlib import Path
 
 from flwr.common.config import parse_config_args
 
-from benchmarks.common import RESULTS, write_result
-from flowerbed.compare import compare_seeds
+from benchmarks.common import RESULTS, merged_rows, write_result
+from flowerbed.compare import compare_seeds, seeds_table
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ["fedsimclr", "fedx", "fedbyol", "fedx@fedx-base='byol'", "fedu"]
+BYOL, FEDX_BYOL = "fedbyol", "fedx@fedx-base='byol'"
+BN = "@ssl-head-bn=true"
+VARIANTS = ["fedsimclr", "fedx", BYOL, FEDX_BYOL, "fedu", BYOL + BN, FEDX_BYOL + BN]
 
 
 def main() -> None:
@@ -30,15 +36,23 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     ap.add_argument("--resume", action="store_true",
                     help="keep finished runs of an earlier, stopped run of this benchmark")
+    ap.add_argument("--methods", default=",".join(VARIANTS),
+                    help="run only these (comma-separated); the others' earlier results are kept")
     args = ap.parse_args()
+    methods = args.methods.split(",")
+    if unknown := set(methods) - set(VARIANTS):
+        ap.error(f"not rows of this benchmark: {sorted(unknown)}; rows: {VARIANTS}")
     overrides = parse_config_args([str(ROOT / "presets" / "fedx-cpu.toml")])
     overrides.pop("method")
     if args.rounds:
         overrides["num-server-rounds"] = args.rounds
     seeds = [int(s) for s in args.seeds.split(",")]
     out = ROOT / "runs" / "bench-fedx"
-    table = compare_seeds(VARIANTS, overrides, seeds, num_clients=10, out=out, resume=args.resume)
-    res = json.loads((out / "results.json").read_text())["summary"]
+    compare_seeds(methods, overrides, seeds, num_clients=10, out=out, resume=args.resume)
+    new = json.loads((out / "results.json").read_text())["summary"]
+    kept, old = kept_rows(overrides, seeds)
+    res = merged_rows(kept, new, VARIANTS)
+    table = seeds_table(res, overrides, 10, seeds)
 
     def acc(name: str, key: str = "final-accuracy") -> float | None:
         return res.get(name, {}).get(f"{key}-mean")
@@ -48,13 +62,35 @@ def main() -> None:
         "fedx(simclr) >= fedsimclr + 1pp (last)": _ge(acc("fedx"), acc("fedsimclr"), 0.01),
         "fedx(simclr) >= fedsimclr + 1pp (best)": _ge(acc("fedx", "best-accuracy"),
                                                       acc("fedsimclr", "best-accuracy"), 0.01),
-        "fedx(byol) >= fedbyol (last)": _ge(acc("fedx@fedx-base='byol'"), acc("fedbyol"), 0.0),
-        **{f"{m} >= random-init + 10pp": _ge(acc(m), floor, 0.10) for m in VARIANTS},
+        "fedx(byol) >= fedbyol (last)": _ge(acc(FEDX_BYOL), acc(BYOL), 0.0),
+        "fedx(byol) >= fedbyol, both with head BN (last)": _ge(acc(FEDX_BYOL + BN), acc(BYOL + BN),
+                                                               0.0),
+        **{f"{m} >= random-init + 10pp": _ge(acc(m), floor, 0.10) for m in res},
     }
     (RESULTS / "fedx.md").write_text(table + f"\n\nRandom-init encoder probe (mean): {floor}\n")
     write_result("fedx", {"table": table, "random-init-probe": floor, "seeds": seeds,
                           "random-init-probe-per-seed": res["fedsimclr"]["initial-accuracy"],
-                          "checks": checks, "results": res, "config": overrides})
+                          "checks": checks, "results": res, "config": overrides,
+                          "note": provenance(methods, [m for m in res if m not in new], old)})
+
+
+def kept_rows(config: dict, seeds: list[int]) -> tuple[dict[str, dict], dict]:
+    """The rows of the last written benchmarks/results/fedx.json and that file, when it was
+    measured with the same settings and seeds (else nothing)."""
+    path = RESULTS / "fedx.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    if old.get("config") != config or old.get("seeds") != seeds:
+        return {}, {}
+    return old.get("results", {}), old
+
+
+def provenance(methods: list[str], kept: list[str], old: dict) -> str:
+    """Which rows this invocation ran and which it kept from the earlier file."""
+    if not kept:
+        return ""
+    text = (f"Rows run by this invocation: {', '.join(methods)}; kept from the earlier file "
+            f"({old['machine']['date']}): {', '.join(kept)}.")
+    return f"{text} {old['note']}" if old.get("note") else text
 
 
 def _ge(a: float | None, b: float | None, margin: float) -> bool | None:

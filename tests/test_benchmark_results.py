@@ -87,3 +87,21 @@ def test_fedade_bounds_table_orders_settings_then_bounds():
         ["| label", "lin", "[1e-05, 1e-03]"], ["| label", "lin", "[1e-03, 1e-01]"],
         ["| label", "ber", "[1e-05, 1e-03]"], ["| covariate", "lin", "[1e-05, 1e-03]"]]
     assert table[3].endswith("| +2.45 | 5.0e-03 |")
+
+
+def test_fedx_keeps_earlier_rows_only_with_the_same_settings_and_seeds(tmp_path, monkeypatch):
+    import benchmarks.fedx as fedx
+
+    monkeypatch.setattr(fedx, "RESULTS", tmp_path)
+    cfg = {"num-server-rounds": 10, "train-samples": 20000}
+    (tmp_path / "fedx.json").write_text(json.dumps({
+        "config": cfg, "seeds": [0, 1, 2], "results": {"fedx": {"x": 1}},
+        "machine": {"date": "2026-12-01 22:19"}, "note": "Older note."}))
+    rows, old = fedx.kept_rows(cfg, [0, 1, 2])
+    assert rows == {"fedx": {"x": 1}}
+    assert fedx.kept_rows({**cfg, "num-server-rounds": 20}, [0, 1, 2]) == ({}, {})
+    assert fedx.kept_rows(cfg, [0]) == ({}, {})
+    note = fedx.provenance(["fedbyol@ssl-head-bn=true"], ["fedx"], old)
+    assert note == ("Rows run by this invocation: fedbyol@ssl-head-bn=true; kept from the earlier "
+                    "file (2026-12-01 22:19): fedx. Older note.")
+    assert fedx.provenance(["fedx"], [], {}) == ""
