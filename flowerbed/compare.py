@@ -210,7 +210,8 @@ def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n
              "| method | final acc % | per seed | best acc % | failed seeds |",
              "|---|---|---|---|---|"]
     for m, st in summary.items():
-        per = ", ".join(pct(st["final-accuracy"].get(s)) for s in st["seeds-ok"]) or "-"
+        by_seed = {str(s): v for s, v in st["final-accuracy"].items()}  # str keys once read back
+        per = ", ".join(pct(by_seed.get(str(s))) for s in st["seeds-ok"]) or "-"
         lines.append(f"| {m} | {mean_sd(st, 'final-accuracy')} | {per} | "
                      f"{mean_sd(st, 'best-accuracy')} | "
                      f"{', '.join(map(str, st['seeds-failed'])) or '-'} |")

@@ -105,3 +105,12 @@ def test_fedx_keeps_earlier_rows_only_with_the_same_settings_and_seeds(tmp_path,
     assert note == ("Rows run by this invocation: fedbyol@ssl-head-bn=true; kept from the earlier "
                     "file (2026-12-01 22:19): fedx. Older note.")
     assert fedx.provenance(["fedx"], [], {}) == ""
+
+
+def test_seeds_table_reads_summaries_read_back_from_json():
+    """A summary read back from results.json has str seed keys; the per-seed column still shows."""
+    from flowerbed.compare import seed_stats, seeds_table
+
+    summary = {"fedx": seed_stats({0: {"final-accuracy": 0.85}, 1: {"final-accuracy": 0.86}})}
+    for s in (summary, json.loads(json.dumps(summary))):
+        assert "| fedx | 85.50 ± 0.71 | 85.00, 86.00 |" in seeds_table(s, {}, 10, [0, 1])
