@@ -21,7 +21,7 @@ from pathlib import Path
 
 from flwr.common.config import parse_config_args
 
-from benchmarks.common import RESULTS, merged_rows, write_result
+from benchmarks.common import RESULTS, machine, merged_rows, write_result
 from flowerbed.compare import compare_seeds, seeds_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,10 +68,14 @@ def main() -> None:
         **{f"{m} >= random-init + 10pp": _ge(acc(m), floor, 0.10) for m in res},
     }
     (RESULTS / "fedx.md").write_text(table + f"\n\nRandom-init encoder probe (mean): {floor}\n")
+    dates = row_dates(list(new), {m: r for m, r in kept.items() if m not in new}, old,
+                      machine()["date"])
     write_result("fedx", {"table": table, "random-init-probe": floor, "seeds": seeds,
                           "random-init-probe-per-seed": res["fedsimclr"]["initial-accuracy"],
                           "checks": checks, "results": res, "config": overrides,
-                          "note": provenance(methods, [m for m in res if m not in new], old)})
+                          "row-dates": {m: dates[m] for m in res},
+                          # a note on kept rows stays with them
+                          **({"note": old["note"]} if kept and old.get("note") else {})})
 
 
 def kept_rows(config: dict, seeds: list[int]) -> tuple[dict[str, dict], dict]:
@@ -84,13 +88,11 @@ def kept_rows(config: dict, seeds: list[int]) -> tuple[dict[str, dict], dict]:
     return old.get("results", {}), old
 
 
-def provenance(methods: list[str], kept: list[str], old: dict) -> str:
-    """Which rows this invocation ran and which it kept from the earlier file."""
-    if not kept:
-        return ""
-    text = (f"Rows run by this invocation: {', '.join(methods)}; kept from the earlier file "
-            f"({old['machine']['date']}): {', '.join(kept)}.")
-    return f"{text} {old['note']}" if old.get("note") else text
+def row_dates(new: list[str], kept: dict[str, dict], old: dict, today: str) -> dict[str, str]:
+    """When each row's results were written: this run's rows today, kept rows as the earlier
+    file recorded them (its own date where it kept none per row)."""
+    earlier = {m: old.get("row-dates", {}).get(m, old["machine"]["date"]) for m in kept}
+    return {**earlier, **dict.fromkeys(new, today)}
 
 
 def _ge(a: float | None, b: float | None, margin: float) -> bool | None:

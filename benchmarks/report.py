@@ -70,6 +70,12 @@ def render() -> str:
                 if per := d.get("random-init-probe-per-seed"):
                     extra += f" (mean; per seed {', '.join(_pct(v) for v in per.values())})"
                 extra += "."
+                if dates := d.get("row-dates"):
+                    by_date: dict[str, list[str]] = {}
+                    for m, day in dates.items():
+                        by_date.setdefault(day, []).append(m)
+                    extra += ("\n\nRows by the date their results were written: " + "; ".join(
+                        f"{day}: {', '.join(ms)}" for day, ms in sorted(by_date.items())) + ".")
                 if c := _load("fedx_central"):
                     probes = ", ".join(f"{100 * r['probe']:.1f}" for r in c["curve"])
                     extra += (f"\n\nCentralised SimCLR with the same encoder, augmentations and "

@@ -101,10 +101,9 @@ def test_fedx_keeps_earlier_rows_only_with_the_same_settings_and_seeds(tmp_path,
     assert rows == {"fedx": {"x": 1}}
     assert fedx.kept_rows({**cfg, "num-server-rounds": 20}, [0, 1, 2]) == ({}, {})
     assert fedx.kept_rows(cfg, [0]) == ({}, {})
-    note = fedx.provenance(["fedbyol@ssl-head-bn=true"], ["fedx"], old)
-    assert note == ("Rows run by this invocation: fedbyol@ssl-head-bn=true; kept from the earlier "
-                    "file (2026-12-01 22:19): fedx. Older note.")
-    assert fedx.provenance(["fedx"], [], {}) == ""
+    old["row-dates"] = {"fedx": "2026-12-01 22:19", "fedbyol": "2026-11-30 10:00"}
+    assert fedx.row_dates(["fedbyol"], {"fedx": {}, "fedu": {}}, old, "2026-12-02 09:25") == {
+        "fedx": "2026-12-01 22:19", "fedu": "2026-12-01 22:19", "fedbyol": "2026-12-02 09:25"}
 
 
 def test_seeds_table_reads_summaries_read_back_from_json():
