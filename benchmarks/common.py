@@ -30,14 +30,17 @@ def write_result(name: str, data: dict[str, Any]) -> Path:
     return path
 
 
+def read_result(name: str) -> dict[str, Any]:
+    """benchmarks/results/<name>.json as written by :func:`write_result` ({} when absent)."""
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def kept_splits(name: str, config: dict[str, Any], vary: tuple[str, ...] = ()
                 ) -> tuple[dict[str, dict], dict[str, dict]]:
     """Results and settings of the splits an earlier run of benchmark ``name`` measured with
     ``config`` (keys in ``vary`` may differ): kept when a run measures only some splits."""
-    path = RESULTS / f"{name}.json"
-    if not path.exists():
-        return {}, {}
-    old = json.loads(path.read_text())
+    old = read_result(name)
 
     def fixed(c: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in c.items() if k not in vary}

@@ -7,7 +7,8 @@ methods were within seed-to-seed noise). Round 0's probe is the random-init enco
 Targets (issue #3), on the means over seeds: FedX on SimCLR >= FedSimCLR + 1.0 pp; FedX on
 BYOL >= FedBYOL; every method >= random-init + 10 pp. The two BYOL rows are also run with a
 BatchNorm1d in both heads (``ssl-head-bn=true``, BYOL's own heads; the same for both rows, so
-the FedX-over-BYOL check is repeated between them).
+the FedX-over-BYOL check is repeated between them), and so are the two SimCLR rows (the
+FedX-over-SimCLR check repeated between them).
 Usage: .venv/bin/python -m benchmarks.fedx [--rounds N] [--seeds 0,1,2] [--resume]
        [--methods m1,m2]   (run only these; the other rows of benchmarks/results/fedx.json are
                             kept when they were measured with the same settings and seeds)
@@ -21,13 +22,14 @@ from pathlib import Path
 
 from flwr.common.config import parse_config_args
 
-from benchmarks.common import RESULTS, machine, merged_rows, write_result
+from benchmarks.common import RESULTS, machine, merged_rows, read_result, write_result
 from flowerbed.compare import compare_seeds, seeds_table
 
 ROOT = Path(__file__).resolve().parents[1]
 BYOL, FEDX_BYOL = "fedbyol", "fedx@fedx-base='byol'"
 BN = "@ssl-head-bn=true"
-VARIANTS = ["fedsimclr", "fedx", BYOL, FEDX_BYOL, "fedu", BYOL + BN, FEDX_BYOL + BN]
+VARIANTS = ["fedsimclr", "fedx", BYOL, FEDX_BYOL, "fedu", BYOL + BN, FEDX_BYOL + BN,
+            "fedsimclr" + BN, "fedx" + BN]
 
 
 def main() -> None:
@@ -65,6 +67,8 @@ def main() -> None:
         "fedx(byol) >= fedbyol (last)": _ge(acc(FEDX_BYOL), acc(BYOL), 0.0),
         "fedx(byol) >= fedbyol, both with head BN (last)": _ge(acc(FEDX_BYOL + BN), acc(BYOL + BN),
                                                                0.0),
+        "fedx(simclr) >= fedsimclr + 1pp, both with head BN (last)": _ge(
+            acc("fedx" + BN), acc("fedsimclr" + BN), 0.01),
         **{f"{m} >= random-init + 10pp": _ge(acc(m), floor, 0.10) for m in res},
     }
     (RESULTS / "fedx.md").write_text(table + f"\n\nRandom-init encoder probe (mean): {floor}\n")
@@ -81,8 +85,7 @@ def main() -> None:
 def kept_rows(config: dict, seeds: list[int]) -> tuple[dict[str, dict], dict]:
     """The rows of the last written benchmarks/results/fedx.json and that file, when it was
     measured with the same settings and seeds (else nothing)."""
-    path = RESULTS / "fedx.json"
-    old = json.loads(path.read_text()) if path.exists() else {}
+    old = read_result("fedx")
     if old.get("config") != config or old.get("seeds") != seeds:
         return {}, {}
     return old.get("results", {}), old

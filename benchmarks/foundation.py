@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import RESULTS, write_result
+from benchmarks.common import RESULTS, read_result, write_result
 from flowerbed.compare import compare, markdown_table
 
 
@@ -30,9 +30,8 @@ def main() -> None:
     overrides = {"partition": args.partition, "num-server-rounds": args.rounds, "seed": 0}
     compare(methods, overrides, num_clients=10, out=out)
     results = json.loads((out.resolve() / "results.json").read_text())
-    previous = RESULTS / f"foundation-{tag}.json"
-    if args.update and previous.exists():
-        results = {**json.loads(previous.read_text())["results"], **results}
+    if args.update and (previous := read_result(f"foundation-{tag}")):
+        results = {**previous["results"], **results}
     table = markdown_table(results, overrides, 10)
     (RESULTS / f"foundation-{tag}.md").write_text(table + "\n")
     fedavg = results.get("fedavg", {}).get("final-accuracy")

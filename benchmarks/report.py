@@ -6,19 +6,13 @@ Usage: .venv/bin/python -m benchmarks.report [--write-readme]
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from pathlib import Path
 
-from benchmarks.common import RESULTS
+from benchmarks.common import RESULTS, read_result
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
-
-
-def _load(name: str) -> dict | None:
-    p = RESULTS / f"{name}.json"
-    return json.loads(p.read_text()) if p.exists() else None
 
 
 def _pct(v: float | None) -> str:
@@ -32,7 +26,7 @@ def _checks(d: dict) -> str:
 
 def render() -> str:
     out = []
-    if d := _load("default_run"):
+    if d := read_result("default_run"):
         out.append(f"**`make run`** (`benchmarks/default_run.py`, {d['machine']['date']}): the default "
                    f"simulation ({d['config']['clients']} clients, {d['config']['partition']}, "
                    f"{d['config']['rounds']} rounds) took **{d['wall-seconds']:.0f} s** from the "
@@ -40,7 +34,7 @@ def render() -> str:
                    f"**{_pct(d['final-accuracy'])}** test accuracy (target ≥ 85 %); per round "
                    f"{', '.join(f'{s:.0f}' for s in d['seconds-per-round'][1:])} s. "
                    f"{d.get('note', '')}".rstrip())
-    if d := _load("overhead"):
+    if d := read_result("overhead"):
         out.append(f"**Flower overhead** (`benchmarks/overhead.py`, {d['machine']['date']}): "
                    f"{d['setup']}. Plain sequential PyTorch loop in one process: "
                    f"**{d['plain-seconds']:.0f} s**; the same work through flowerbed's Flower "
@@ -63,7 +57,7 @@ def render() -> str:
                         ("fedade", "Fed-ADE vs fixed learning rates"),
                         ("fedade_bounds", "Fed-ADE vs FixLR as both learning-rate bounds scale "
                                           "(no target; the checks above use the x1 bounds)")):
-        if d := _load(name):
+        if d := read_result(name):
             extra = ""
             if name == "fedx":
                 extra = f"\n\nRandom-init encoder probe (the floor): {_pct(d['random-init-probe'])}"
@@ -76,7 +70,7 @@ def render() -> str:
                         by_date.setdefault(day, []).append(m)
                     extra += ("\n\nRows by the date their results were written: " + "; ".join(
                         f"{day}: {', '.join(ms)}" for day, ms in sorted(by_date.items())) + ".")
-                if c := _load("fedx_central"):
+                if c := read_result("fedx_central"):
                     probes = ", ".join(f"{100 * r['probe']:.1f}" for r in c["curve"])
                     extra += (f"\n\nCentralised SimCLR with the same encoder, augmentations and "
                               f"probe (`benchmarks/fedx_central.py`, {c['machine']['date']}): "
@@ -118,7 +112,7 @@ def render() -> str:
             checks = f"\n\n{c}" if (c := _checks(d)) else ""
             out.append(f"**{title}** (`benchmarks/{name.split('-')[0]}.py`, {d['machine']['date']})"
                        f"\n\n{d['table']}{extra}{checks}{note}")
-    if d := _load("fedxds_privacy"):
+    if d := read_result("fedxds_privacy"):
         m, u = d["masked"], d["unmasked"]
         out.append(f"**FedXDS privacy** (`benchmarks/fedxds_privacy.py`, {d['machine']['date']}): "
                    f"σ = {d['sigma']} (ε ≈ {d['epsilon-per-unit-l2 (delta=1e-5)']:.1f} per unit L2 "

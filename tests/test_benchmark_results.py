@@ -92,7 +92,7 @@ def test_fedade_bounds_table_orders_settings_then_bounds():
 def test_fedx_keeps_earlier_rows_only_with_the_same_settings_and_seeds(tmp_path, monkeypatch):
     import benchmarks.fedx as fedx
 
-    monkeypatch.setattr(fedx, "RESULTS", tmp_path)
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
     cfg = {"num-server-rounds": 10, "train-samples": 20000}
     (tmp_path / "fedx.json").write_text(json.dumps({
         "config": cfg, "seeds": [0, 1, 2], "results": {"fedx": {"x": 1}},
