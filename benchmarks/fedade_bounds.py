@@ -6,8 +6,11 @@ so the same numbers sit elsewhere relative to the best fixed rate. This script s
 by 1, 10 and 100 and runs, for each scale, Fed-ADE and FixLR(low / mid / high) = eta_min,
 (eta_min + eta_max) / 2 and eta_max on the benchmark's streams, seeds and rounds (label shift,
 lin and ber). Every variant of a scale shares its bounds. The issue's check stays on the
-benchmark's bounds; this table shows where the comparison turns.
+benchmark's bounds; this table shows where the comparison turns. ``--pixels raw`` runs the same
+with the official code's input, raw 0-255 pixels (``fedade-pixels='raw'``, its own pre-trained
+model), the scale those bounds were set for.
 Usage: .venv/bin/python -m benchmarks.fedade_bounds [--scales 1,10,100] [--steps 20]
+       [--settings label/lin,label/ber] [--pixels standardised|raw]
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from flowerbed.results import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["Fed-ADE", "FixLR(low)", "FixLR(mid)", "FixLR(high)"]
-VARY = ("fedade-shift", "fedade-schedule", "fedade-lr-min", "fedade-lr-max")  # differ per row
+VARY = ("fedade-shift", "fedade-schedule", "fedade-lr-min", "fedade-lr-max",  # differ per row
+        "fedade-pixels")
 
 
 def scaled(scale: float) -> tuple[list[str], dict[str, float]]:
@@ -36,19 +40,21 @@ def scaled(scale: float) -> tuple[list[str], dict[str, float]]:
 
 def render(results: dict[str, dict]) -> str:
     """The table, a row per "<shift>/<schedule> x<scale>" key, by setting and then scale."""
-    lines = ["| shift | schedule | bounds | Fed-ADE % | FixLR(low) % | FixLR(mid) % | "
+    lines = ["| shift | schedule | pixels | bounds | Fed-ADE % | FixLR(low) % | FixLR(mid) % | "
              "FixLR(high) % | Fed-ADE - FixLR(mid) pp | Fed-ADE mean lr |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     order = ["label/lin", "label/ber", "covariate/lin"]  # the Fed-ADE benchmark's order
 
     def rank(kv: tuple[str, dict]) -> tuple:
         setting = kv[0].split()[0]
-        return (order.index(setting) if setting in order else len(order), setting, kv[1]["bounds"])
+        return (order.index(setting) if setting in order else len(order), setting,
+                kv[1].get("pixels", "standardised"), kv[1]["bounds"])
 
     for key, r in sorted(results.items(), key=rank):
         shift, sched = key.split()[0].split("/")
         (lo, hi), acc, lr = r["bounds"], r["mean-accuracy"], r["fedade-mean-lr"]
-        lines.append(f"| {shift} | {sched} | [{lo:.0e}, {hi:.0e}] | "
+        lines.append(f"| {shift} | {sched} | {r.get('pixels', 'standardised')} | "
+                     f"[{lo:.0e}, {hi:.0e}] | "
                      + " | ".join(f"{100 * acc[n]:.2f}" for n in NAMES)
                      + f" | {100 * (acc['Fed-ADE'] - acc['FixLR(mid)']):+.2f} | "
                      + ("-" if lr is None else f"{lr:.1e}") + " |")
@@ -61,7 +67,11 @@ def main() -> None:
     ap.add_argument("--settings", default="label/lin,label/ber")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds-per-step", type=int, default=2)
+    ap.add_argument("--pixels", default="standardised", choices=("standardised", "raw"),
+                    help="model input: standardised (the benchmark's) or raw 0-255 (the official code's)")
     args = ap.parse_args()
+    raw = args.pixels == "raw"
+    tag = " raw" if raw else ""  # standardised rows keep their earlier keys
     scales = [float(x) for x in args.scales.split(",")]
     # rows an earlier run measured the same way (only setting and bounds differing) are kept
     kept, configs = kept_splits("fedade_bounds", base_config("", "", args.steps,
@@ -71,16 +81,18 @@ def main() -> None:
         shift, sched = setting.split("/")
         for scale in scales:
             variants, bounds = scaled(scale)
-            base = {**base_config(shift, sched, args.steps, args.rounds_per_step), **bounds}
-            configs[f"{setting} x{scale:g}"] = base
-            out = ROOT / "runs" / f"bench-fedade-bounds-{shift}-{sched}-x{scale:g}"
+            base = {**base_config(shift, sched, args.steps, args.rounds_per_step), **bounds,
+                    **({"fedade-pixels": "raw"} if raw else {})}
+            key = f"{setting} x{scale:g}{tag}"
+            configs[key] = base
+            out = ROOT / "runs" / f"bench-fedade-bounds-{shift}-{sched}-x{scale:g}{tag.replace(' ', '-')}"
             compare(variants, base, num_clients=10, out=out)
             res = json.loads((out / "results.json").read_text())
             acc = {n: res[v]["mean-accuracy"] for n, v in zip(NAMES, variants, strict=True)}
             lrs = [r["lr"] for r in read_metrics(out / run_label("fedade")) if r.get("lr")]
             lr = sum(lrs) / len(lrs) if lrs else None  # mean over rounds of the clients' mean
-            results[f"{setting} x{scale:g}"] = {
-                "bounds": [bounds["fedade-lr-min"], bounds["fedade-lr-max"]],
+            results[key] = {
+                "bounds": [bounds["fedade-lr-min"], bounds["fedade-lr-max"]], "pixels": args.pixels,
                 "mean-accuracy": acc, "fedade-mean-lr": lr}
     write_result("fedade_bounds", {"table": render(results), "results": results,
                                    "split-configs": configs, "steps": args.steps,

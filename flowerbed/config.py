@@ -173,6 +173,7 @@ class Config:
     fedade_steps: int
     fedade_sync: bool
     fedade_pretrain_epochs: int
+    fedade_pixels: str
     fault_fraction: float
     fault_kind: str
     fault_crash_after: int
@@ -275,7 +276,8 @@ class Config:
         choices = {"fedade-shift": ("label", "covariate"), "fedade-schedule": ("lin", "sin", "squ", "ber"),
                    "fedade-lr-mode": ("adaptive", "fixed", "none"),
                    "fedade-estimators": ("both", "unc", "rep"), "fedade-unc": ("softmax", "hist"),
-                   "fedade-rep-ref": ("previous", "ema"), "fedade-risk": ("entropy", "bbse")}
+                   "fedade-rep-ref": ("previous", "ema"), "fedade-risk": ("entropy", "bbse"),
+                   "fedade-pixels": ("standardised", "raw")}
         for key, allowed in choices.items():
             if getattr(self, key.replace("-", "_")) not in allowed:
                 raise ConfigError(key, getattr(self, key.replace("-", "_")), f"use {' | '.join(allowed)}")

@@ -8,6 +8,7 @@ reference set per class. The weights are cached under ``~/.cache/flowerbed/pretr
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -36,7 +37,7 @@ def cache_dir() -> Path:
 @functools.lru_cache(maxsize=4)
 def pools(cfg: Config) -> tuple[DataSet, DataSet, DataSet]:
     """(pre-training set, held-out labelled set, post-deployment pool) of the training data."""
-    full = full_train(cfg)  # honours train-samples
+    full = dataclasses.replace(full_train(cfg), pixels=cfg.fedade_pixels)  # honours train-samples
     pre, post = split_pretrain(full.y.numpy(), cfg.seed)
     rng = np.random.default_rng([cfg.seed, 81])
     pre = rng.permutation(pre)
@@ -50,6 +51,8 @@ def pretrained(cfg: Config) -> nn.Module:
     c, h, _ = train.shape
     model = build_model(cfg.model, c, train.num_classes, h)
     key = f"{cfg.dataset}|{cfg.model}|{cfg.seed}|{cfg.fedade_pretrain_epochs}|{len(train)}"
+    if train.pixels != "standardised":  # (standardised runs keep their earlier cache files)
+        key += f"|{train.pixels}"
     digest = hashlib.sha1(key.encode()).hexdigest()[:10]
     path = cache_dir() / f"{cfg.dataset}-{cfg.model}-s{cfg.seed}-{digest}.pt"
     if path.exists():
@@ -59,8 +62,8 @@ def pretrained(cfg: Config) -> nn.Module:
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, c, train.num_classes, h)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    log.info("pre-training %s on %d samples for %d epochs (cached afterwards)", cfg.model,
-             len(train), cfg.fedade_pretrain_epochs)
+    log.info("pre-training %s on %d samples (%s pixels) for %d epochs (cached afterwards)",
+             cfg.model, len(train), train.pixels, cfg.fedade_pretrain_epochs)
     train_epochs(model, train, epochs=cfg.fedade_pretrain_epochs, batch_size=128, lr=1e-3,
                  momentum=0.0, weight_decay=0.0, device=device,
                  generator=seeded_generator(cfg.seed, 808), optimizer="adam")

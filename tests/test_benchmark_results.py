@@ -73,20 +73,25 @@ def test_fedade_bounds_scale_every_variant_alike():
     assert lrs == pytest.approx([LO * 10, (LO + HI) * 5, HI * 10])
 
 
-def test_fedade_bounds_table_orders_settings_then_bounds():
+def test_fedade_bounds_table_orders_settings_then_pixels_then_bounds():
     from benchmarks.fedade_bounds import render
 
-    def row(lo, mid):
+    def row(lo, mid, **extra):
         acc = {"Fed-ADE": 0.9, "FixLR(low)": 0.8, "FixLR(mid)": mid, "FixLR(high)": 0.7}
-        return {"bounds": [lo, lo * 100], "mean-accuracy": acc, "fedade-mean-lr": lo * 5}
+        return {"bounds": [lo, lo * 100], "mean-accuracy": acc, "fedade-mean-lr": lo * 5, **extra}
 
+    # rows written before the pixels option carry no "pixels": standardised
     table = render({"covariate/lin x1": row(1e-5, 0.9), "label/ber x1": row(1e-5, 0.9),
+                    "label/lin x1 raw": row(1e-5, 0.9, pixels="raw"),
                     "label/lin x100": row(1e-3, 0.8755), "label/lin x1": row(1e-5, 0.9033)}
                    ).splitlines()
-    assert [r.split(" | ")[:3] for r in table[2:]] == [
-        ["| label", "lin", "[1e-05, 1e-03]"], ["| label", "lin", "[1e-03, 1e-01]"],
-        ["| label", "ber", "[1e-05, 1e-03]"], ["| covariate", "lin", "[1e-05, 1e-03]"]]
-    assert table[3].endswith("| +2.45 | 5.0e-03 |")
+    assert [r.split(" | ")[:4] for r in table[2:]] == [
+        ["| label", "lin", "raw", "[1e-05, 1e-03]"],
+        ["| label", "lin", "standardised", "[1e-05, 1e-03]"],
+        ["| label", "lin", "standardised", "[1e-03, 1e-01]"],
+        ["| label", "ber", "standardised", "[1e-05, 1e-03]"],
+        ["| covariate", "lin", "standardised", "[1e-05, 1e-03]"]]
+    assert table[4].endswith("| +2.45 | 5.0e-03 |")
 
 
 def test_fedx_keeps_earlier_rows_only_with_the_same_settings_and_seeds(tmp_path, monkeypatch):

@@ -89,7 +89,8 @@ def test_estimators_on_constructed_inputs():
 
 
 @pytest.mark.parametrize("extra", [{}, {"fedade-risk": "bbse"}, {"fedade-lr-mode": "none"},
-                                   {"fedade-sync": False, "fedade-unc": "hist", "fedade-rep-ref": "ema"}])
+                                   {"fedade-sync": False, "fedade-unc": "hist", "fedade-rep-ref": "ema"},
+                                   {"fedade-pixels": "raw", "fedade-risk": "bbse"}])
 def test_client_round_uploads_shared_layers_only(extra):
     from flowerbed.strategies.fedade import FedADEStrategy
 
@@ -106,3 +107,22 @@ def test_client_round_uploads_shared_layers_only(extra):
     m = out.content["metrics"]
     assert m["pre-n"] == 20 and (m["lr"] == 0 if extra.get("fedade-lr-mode") == "none"
                                  else cfg.fedade_lr_min <= m["lr"] <= cfg.fedade_lr_max)
+
+
+def test_raw_pixels_reach_the_model_and_pretrain_apart(tmp_path, monkeypatch):
+    """fedade-pixels='raw': the model sees 0-255 floats (the official CIFAR code's input) in
+    pre-training, streams and BBSE's reference set, from a pre-trained model of its own."""
+    from flowerbed import pretrain
+
+    monkeypatch.setenv("FLOWERBED_CACHE", str(tmp_path))
+    raw = Config.from_run_config({**SMALL, "fedade-pixels": "raw"})
+    std = Config.from_run_config(SMALL)
+    pre, held, post = pretrain.pools(raw)
+    assert {pre.pixels, held.pixels, post.pixels} == {"raw"}
+    assert post.subset([0, 1]).pixels == "raw" and post.without_labels().pixels == "raw"
+    x, _ = client_batch(raw, 0, 3, 0)
+    assert torch.equal(post.normalise(x), x.float()) and float(x.max()) > 1
+    assert pretrain.pools(std)[2].normalise(x).abs().max() < 5  # standardised
+    pretrain.pretrained(raw)
+    pretrain.pretrained(std)
+    assert len(list((tmp_path / "pretrained").glob("*.pt"))) == 2  # one model per input scale

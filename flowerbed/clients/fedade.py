@@ -32,6 +32,7 @@ from torch.nn import functional as F
 from flowerbed.clients.base import Client
 from flowerbed.datasets.streams import client_batch
 from flowerbed.models import is_personal
+from flowerbed.pretrain import pools
 from flowerbed.training import to_record
 
 PERSONAL, SHARED_OWN, BUFFERS = "fedade.personal", "fedade.shared", "fedade.buffers"
@@ -75,7 +76,11 @@ class FedADEClient(Client):
     def batch(self, msg: Message) -> tuple[torch.Tensor, torch.Tensor, int]:
         t = int(msg.content["config"]["fedade-step"])
         x, y = client_batch(self.cfg, self.partition_id, self.num_partitions, t)
-        return self.train_data.normalise(x.to(self.device)), y.to(self.device), t
+        return self.model_input(x), y.to(self.device), t
+
+    def model_input(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 images as the model sees them (``fedade-pixels``: standardised or raw 0-255)."""
+        return pools(self.cfg)[2].normalise(x.to(self.device))
 
     def shift(self, model: nn.Module, x: torch.Tensor, t: int) -> tuple[float, float]:
         """(S_unc^t, S_rep^t): this step's batch against the one this client last estimated on.
@@ -134,7 +139,7 @@ class FedADEClient(Client):
         conf = bb["confusion"].numpy()
         freq = np.bincount(out.argmax(1).cpu().numpy(), minlength=conf.shape[0]) / len(x)
         w = torch.as_tensor(bbse_weights(conf, freq), dtype=torch.float32, device=x.device)
-        rx = self.train_data.normalise(torch.as_tensor(bb["ref_x"].numpy()).to(self.device))
+        rx = self.model_input(torch.as_tensor(bb["ref_x"].numpy()))
         ry = torch.as_tensor(bb["ref_y"].numpy()).long().to(self.device)
         per_sample = F.cross_entropy(model(rx), ry, reduction="none")
         class_risk = torch.zeros(conf.shape[0], device=x.device).index_add(0, ry, per_sample)

@@ -8,6 +8,7 @@ process holds one compact copy whatever the number of clients it serves.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gzip
 import logging
@@ -42,12 +43,17 @@ class DataError(RuntimeError):
 
 @dataclass(frozen=True)
 class DataSet:
-    """One split of a data set: uint8 images ``[N, C, H, W]`` and int64 labels ``[N]``."""
+    """One split of a data set: uint8 images ``[N, C, H, W]`` and int64 labels ``[N]``.
+
+    ``pixels`` says what a model is fed: ``standardised`` (the data set's channel statistics)
+    or ``raw`` (0-255 floats, as Fed-ADE's official CIFAR code feeds its model).
+    """
 
     name: str
     x: torch.Tensor
     y: torch.Tensor
     num_classes: int
+    pixels: str = "standardised"
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -57,7 +63,10 @@ class DataSet:
         return tuple(self.x.shape[1:])  # type: ignore[return-value]
 
     def normalise(self, xb: torch.Tensor) -> torch.Tensor:
-        """uint8 batch -> float batch, standardised with the data set's channel statistics."""
+        """uint8 batch -> float batch, standardised with the data set's channel statistics
+        (or left at 0-255 with ``pixels='raw'``)."""
+        if self.pixels == "raw":
+            return xb.float()
         mean, std = STATS[self.name]
         m = torch.tensor(mean, device=xb.device).view(1, -1, 1, 1)
         s = torch.tensor(std, device=xb.device).view(1, -1, 1, 1)
@@ -65,11 +74,11 @@ class DataSet:
 
     def without_labels(self) -> DataSet:
         """The same images with every label replaced by -1 (for clients that must not see them)."""
-        return DataSet(self.name, self.x, torch.full_like(self.y, -1), self.num_classes)
+        return dataclasses.replace(self, y=torch.full_like(self.y, -1))
 
     def subset(self, indices: np.ndarray | torch.Tensor) -> DataSet:
         idx = torch.as_tensor(np.asarray(indices), dtype=torch.long)
-        return DataSet(self.name, self.x[idx], self.y[idx], self.num_classes)
+        return dataclasses.replace(self, x=self.x[idx], y=self.y[idx])
 
 
 def load_dataset(name: str, train: bool, data_root: str = "") -> DataSet:
