@@ -160,6 +160,8 @@ class Config:
     fedxds_init: str
     fedade_shift: str
     fedade_schedule: str
+    fedade_ber_chain: str
+    fedade_ber_p: float
     fedade_rounds_per_step: int
     fedade_batch: int
     fedade_lr_mode: str
@@ -274,6 +276,7 @@ class Config:
             raise ConfigError("fedxds-warmup-rounds", self.fedxds_warmup_rounds,
                               f"must be < num-server-rounds ({self.num_server_rounds})")
         choices = {"fedade-shift": ("label", "covariate"), "fedade-schedule": ("lin", "sin", "squ", "ber"),
+                   "fedade-ber-chain": ("shared", "client"),
                    "fedade-lr-mode": ("adaptive", "fixed", "none"),
                    "fedade-estimators": ("both", "unc", "rep"), "fedade-unc": ("softmax", "hist"),
                    "fedade-rep-ref": ("previous", "ema"), "fedade-risk": ("entropy", "bbse"),
@@ -284,6 +287,8 @@ class Config:
         if not 0 <= self.fedade_lr_min <= self.fedade_lr_max:
             raise ConfigError("fedade-lr-min", self.fedade_lr_min,
                               f"must be in [0, fedade-lr-max = {self.fedade_lr_max}]")
+        if not 0 <= self.fedade_ber_p <= 1:
+            raise ConfigError("fedade-ber-p", self.fedade_ber_p, "must be a probability in [0, 1]")
         if self.fedade_fixed_lr < 0:
             raise ConfigError("fedade-fixed-lr", self.fedade_fixed_lr, "must be >= 0")
         if self.method == "fedade" and self.num_server_rounds % self.fedade_rounds_per_step:

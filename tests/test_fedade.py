@@ -9,7 +9,7 @@ from flwr.app import ConfigRecord, Context, RecordDict
 
 from flowerbed.clients.fedade import bbse_weights, lr_from
 from flowerbed.config import Config
-from flowerbed.datasets.streams import client_batch, corrupt, schedule, severity
+from flowerbed.datasets.streams import client_batch, client_weight, corrupt, schedule, severity
 from flowerbed.registry import METHODS
 from tests.conftest import sent
 
@@ -30,6 +30,24 @@ def test_ber_is_a_markov_chain_with_the_flip_rate():
     assert set(np.unique(w)) == {0.0, 1.0} and w[0] == 0
     assert np.mean(w[1:] != w[:-1]) == pytest.approx(0.1, abs=0.01)
     assert np.array_equal(w, schedule("ber", 20000, seed=3))  # the same chain on every call
+    fast = schedule("ber", 20000, seed=3, flip_p=0.5)
+    assert np.mean(fast[1:] != fast[:-1]) == pytest.approx(0.5, abs=0.02)
+
+
+def test_ber_chain_per_client():
+    """fedade-ber-chain='client': each client its own reproducible chain; 'shared': one for all."""
+    mine = [schedule("ber", 200, seed=0, chain=c) for c in range(3)]
+    assert not np.array_equal(mine[0], mine[1]) and not np.array_equal(mine[1], mine[2])
+    assert np.array_equal(mine[1], schedule("ber", 200, seed=0, chain=1))
+    base = {"fedade-schedule": "ber", "fedade-rounds-per-step": 1, "num-server-rounds": 200}
+    for scope in ("shared", "client"):
+        cfg = Config.from_run_config({**base, "fedade-ber-chain": scope})
+        ws = [[client_weight(cfg, c, t) for t in range(200)] for c in range(3)]
+        assert (ws[0] == ws[1] == ws[2]) == (scope == "shared")
+        assert ws[1] == schedule("ber", 200, 0, 0.1, 1 if scope == "client" else None).tolist()
+    for key, val in (("fedade-ber-chain", "each"), ("fedade-ber-p", 1.5)):
+        with pytest.raises(ValueError, match=key):
+            Config.from_run_config({key: val})
 
 
 def test_learning_rate_bounds():

@@ -6,7 +6,9 @@ Dirichlet(0.1) partition of the post pool; at time step t its labels follow
 q_c^t = (1 − w_t) q_0 + w_t q_c^new (q_0 uniform), and each label is served by a random image of
 that class from the whole post pool. Covariate shift instead corrupts the client's images with a
 fixed corruption whose severity follows sev_t = clip(⌈4 w_t⌉ + 1, 1, 5). Every client regenerates
-its stream deterministically from (seed, partition, t).
+its stream deterministically from (seed, partition, t). The ``ber`` chain is one for every client
+(``fedade-ber-chain='shared'``, the paper's single w_t) or one per client (``'client'``; the
+official code draws w afresh for each client and step).
 """
 
 from __future__ import annotations
@@ -20,8 +22,12 @@ SCHEDULES = ("lin", "sin", "squ", "ber")
 CORRUPTIONS = ("gaussian_noise", "gaussian_blur", "contrast", "rotation")
 
 
-def schedule(kind: str, steps: int, seed: int = 0, flip_p: float = 0.1) -> np.ndarray:
-    """Mixing weights w_0..w_{T-1} in [0, 1] (T' = T − 1, L = ⌊√T'⌋, as the official code)."""
+def schedule(kind: str, steps: int, seed: int = 0, flip_p: float = 0.1, chain: int | None = None
+             ) -> np.ndarray:
+    """Mixing weights w_0..w_{T-1} in [0, 1] (T' = T − 1, L = ⌊√T'⌋, as the official code).
+
+    ``ber``: one Markov chain per ``seed`` (shared by every client), or one per (seed, ``chain``).
+    """
     t = np.arange(steps)
     tp = max(steps - 1, 1)
     period = max(int(math.isqrt(tp)), 2)
@@ -32,7 +38,8 @@ def schedule(kind: str, steps: int, seed: int = 0, flip_p: float = 0.1) -> np.nd
     if kind == "squ":
         return ((t // max(period // 2, 1)) % 2).astype(float)
     if kind == "ber":  # a real Markov chain: flip with probability p at every step
-        flips = np.random.default_rng([seed, 77]).random(steps) < flip_p
+        key = [seed, 77] if chain is None else [seed, 77, chain]
+        flips = np.random.default_rng(key).random(steps) < flip_p
         w = np.zeros(steps)
         for i in range(1, steps):
             w[i] = 1 - w[i - 1] if flips[i] else w[i - 1]
@@ -88,6 +95,13 @@ def corrupt(x: torch.Tensor, kind: str, level: int, generator: torch.Generator) 
     return (xf.clamp(0, 1) * 255).round().to(torch.uint8)
 
 
+def client_weight(cfg, partition_id: int, t: int) -> float:
+    """Client ``partition_id``'s mixing weight w_t (its chain under ``fedade-ber-chain='client'``)."""
+    steps = max(cfg.num_server_rounds // cfg.fedade_rounds_per_step, 1)
+    chain = partition_id if cfg.fedade_ber_chain == "client" else None
+    return float(schedule(cfg.fedade_schedule, steps, cfg.seed, cfg.fedade_ber_p, chain)[min(t, steps - 1)])
+
+
 def client_batch(cfg, partition_id: int, num_partitions: int, t: int
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Client ``partition_id``'s uint8 batch and labels at time step ``t`` (deterministic)."""
@@ -96,8 +110,7 @@ def client_batch(cfg, partition_id: int, num_partitions: int, t: int
 
     _, _, post = pools(cfg)
     labels = post.y.numpy()
-    steps = max(cfg.num_server_rounds // cfg.fedade_rounds_per_step, 1)
-    w = float(schedule(cfg.fedade_schedule, steps, cfg.seed)[min(t, steps - 1)])
+    w = client_weight(cfg, partition_id, t)
     rng = np.random.default_rng([cfg.seed, partition_id, t, 5])
     if cfg.fedade_shift == "label":
         part = partition_indices(labels, cfg.partition, num_partitions, cfg.seed, min_partition_size=6)
