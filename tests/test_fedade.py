@@ -38,6 +38,7 @@ def test_ber_chain_per_client():
     """fedade-ber-chain='client': each client its own reproducible chain; 'shared': one for all."""
     mine = [schedule("ber", 200, seed=0, chain=c) for c in range(3)]
     assert not np.array_equal(mine[0], mine[1]) and not np.array_equal(mine[1], mine[2])
+    assert not np.array_equal(mine[0], schedule("ber", 200, seed=0))  # client 0 is not the shared one
     assert np.array_equal(mine[1], schedule("ber", 200, seed=0, chain=1))
     base = {"fedade-schedule": "ber", "fedade-rounds-per-step": 1, "num-server-rounds": 200}
     for scope in ("shared", "client"):

@@ -38,7 +38,8 @@ def schedule(kind: str, steps: int, seed: int = 0, flip_p: float = 0.1, chain: i
     if kind == "squ":
         return ((t // max(period // 2, 1)) % 2).astype(float)
     if kind == "ber":  # a real Markov chain: flip with probability p at every step
-        key = [seed, 77] if chain is None else [seed, 77, chain]
+        # [seed, chain, 77], not [seed, 77, chain]: SeedSequence ignores trailing zeros
+        key = [seed, 77] if chain is None else [seed, chain, 77]
         flips = np.random.default_rng(key).random(steps) < flip_p
         w = np.zeros(steps)
         for i in range(1, steps):
