@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, Context, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
 from flowerbed.clients.fedbyol import TARGET, ema_update
 from flowerbed.clients.fedsimclr import make_ssl_model
@@ -81,6 +81,23 @@ def test_ssl_clients_never_see_labels(method, extra):
     assert np.isfinite(out.content["metrics"]["train-loss"])
     if method in ("fedbyol", "fedu") or extra.get("fedx-base") == "byol":
         assert TARGET in ctx.state.array_records  # the EMA target stays on the client
+
+
+def test_fedu_divergence_counts_encoder_weights_only():
+    """FedU's ||local - global|| is over the encoder's parameters: BatchNorm buffers (running
+    stats, num_batches_tracked, which counts local steps) and the predictor do not count."""
+    from flowerbed.clients.fedu import LOCAL
+
+    client, model, msg, ctx = make_client("fedu", **{"ssl-head-bn": True})
+    local = {k: v.clone() for k, v in model.state_dict().items()}
+    for k in local:
+        if "num_batches_tracked" in k or "running_" in k or k.startswith("predictor."):
+            local[k] = local[k] + 100
+    local["backbone.conv1.bias"][0] += 3.0
+    local["projector.0.bias"][1] += 4.0
+    ctx.state[LOCAL] = ArrayRecord(local)
+    client.prepare(model, msg)
+    assert client.divergence == pytest.approx(5.0, rel=1e-5)
 
 
 def test_head_batch_norm_is_in_both_heads_only_when_asked():

@@ -2,7 +2,8 @@
 
 The online encoder (backbone + projector) always starts from the global model. The predictor
 starts from the global one only when the client's last local encoder is within ``fedu-mu``
-(L2 distance) of the global encoder; otherwise the client keeps its own predictor.
+(L2 distance over the encoder's parameters, BatchNorm buffers excluded) of the global encoder;
+otherwise the client keeps its own predictor.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ class FedUClient(BYOLClient):
         if local is None:
             return
         sd = local.to_torch_state_dict()
-        glob = model.state_dict()
-        enc = [k for k in glob if not k.startswith("predictor.")]
-        self.divergence = float(torch.sqrt(sum(((sd[k].float() - glob[k].float().cpu()) ** 2).sum()
-                                               for k in enc)))
+        # the encoder's weights only: BatchNorm buffers (running stats, num_batches_tracked,
+        # which counts local steps) are not weights and would dominate the distance
+        enc = {k: p for k, p in model.named_parameters() if not k.startswith("predictor.")}
+        self.divergence = float(torch.sqrt(sum(((sd[k].float() - p.detach().float().cpu()) ** 2).sum()
+                                               for k, p in enc.items())))
         if self.divergence >= self.cfg.fedu_mu:
             model.load_state_dict({k: v for k, v in sd.items() if k.startswith("predictor.")},
                                   strict=False)
