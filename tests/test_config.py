@@ -39,6 +39,9 @@ def test_defaults_come_from_pyproject():
     ("momentum", 1.0, "[0, 1)"),
     ("fedfew-server-lr", 0.0, "> 0"),
     ("fedfew-step", "adam", "paper or normalised"),
+    ("fedade-ber-chain", "each", "shared | client"),
+    ("fedade-ber-p", 1.5, "[0, 1]"),
+    ("fedade-ber-p", float("nan"), "[0, 1]"),
 ])
 def test_bad_values_name_the_key(key, value, needle):
     with pytest.raises(ConfigError) as e:

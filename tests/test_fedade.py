@@ -46,9 +46,6 @@ def test_ber_chain_per_client():
         ws = [[client_weight(cfg, c, t) for t in range(200)] for c in range(3)]
         assert (ws[0] == ws[1] == ws[2]) == (scope == "shared")
         assert ws[1] == schedule("ber", 200, 0, 0.1, 1 if scope == "client" else None).tolist()
-    for key, val in (("fedade-ber-chain", "each"), ("fedade-ber-p", 1.5)):
-        with pytest.raises(ValueError, match=key):
-            Config.from_run_config({key: val})
 
 
 def test_learning_rate_bounds():
