@@ -118,3 +118,24 @@ def test_seeds_table_reads_summaries_read_back_from_json():
     summary = {"fedx": seed_stats({0: {"final-accuracy": 0.85}, 1: {"final-accuracy": 0.86}})}
     for s in (summary, json.loads(json.dumps(summary))):
         assert "| fedx | 85.50 ± 0.71 | 85.00, 86.00 |" in seeds_table(s, {}, 10, [0, 1])
+
+
+def test_readme_blocks_are_rendered_from_the_results():
+    """The README's "Measured" section and the checks at a glance in "Known gaps" are what
+    benchmarks.report renders from benchmarks/results: no figure there is typed by hand or stale."""
+    from benchmarks.report import GLANCE_START, README, START, write_readme
+
+    readme = README.read_text()
+    assert START in readme and GLANCE_START in readme
+    assert write_readme(readme) == readme, "run: .venv/bin/python -m benchmarks.report --write-readme"
+
+
+def test_glance_statuses_follow_the_checks(monkeypatch):
+    """A check's status in the at-a-glance table is the benchmark's own verdict."""
+    import benchmarks.report as report
+
+    monkeypatch.setattr(report, "read_result", lambda name: {
+        "fedxds_privacy": {"checks": {"inversion SSIM masked < unmasked": False},
+                           "masked": {"inversion-ssim": 0.8}, "unmasked": {"inversion-ssim": 0.7}},
+    }.get(name))
+    assert "| #5 FedXDS | inversion SSIM masked < unmasked | not met | 0.800 vs 0.700 |" in report.glance()
