@@ -26,7 +26,7 @@ def write_result(name: str, data: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(data, indent=2) + "\n")
     print(json.dumps(data, indent=2))
-    print(f"written: {path}")
+    print(f"written: {path}; to update the README: .venv/bin/python -m benchmarks.report --write-readme")
     return path
 
 
