@@ -137,5 +137,8 @@ def test_glance_statuses_follow_the_checks(monkeypatch):
     monkeypatch.setattr(report, "read_result", lambda name: {
         "fedxds_privacy": {"checks": {"inversion SSIM masked < unmasked": False},
                            "masked": {"inversion-ssim": 0.8}, "unmasked": {"inversion-ssim": 0.7}},
+        "fedfew": {"checks": {}, "results": {"dirichlet:0.1": {}}},  # an incomplete result
     }.get(name))
-    assert "| #5 FedXDS | inversion SSIM masked < unmasked | not met | 0.800 vs 0.700 |" in report.glance()
+    table = report.glance()
+    assert "| #5 FedXDS | inversion SSIM masked < unmasked | not met | 0.800 vs 0.700 |" in table
+    assert "| fedfew | - | n/a | benchmarks/results/fedfew.json lacks 'fedfew' |" in table
