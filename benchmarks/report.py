@@ -128,7 +128,7 @@ def render() -> str:
 
 
 def _status(*flags: bool | None) -> str:
-    if any(f is None for f in flags):
+    if not flags or any(f is None for f in flags):
         return "n/a"
     return "met" if all(flags) else "not met" if not any(flags) else "partly"
 
