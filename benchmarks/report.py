@@ -180,9 +180,9 @@ def _fedade_rows(d: dict) -> list[tuple[str, ...]]:
         return r[key][n]["mean-accuracy"]
 
     for key in (k for k in ("label/lin", "label/ber") if k in r):
-        for peer, margin in (("FixLR(mid)", " + 1 pp"), ("no adaptation", "")):
-            check = f"{key} Fed-ADE >= {peer}{margin.replace(' pp', 'pp')}"
-            rows.append(("#6 Fed-ADE", f"{key}: ≥ {peer}{margin}", _status(c[check]),
+        for peer, check, label in (("FixLR(mid)", "FixLR(mid) + 1pp", "FixLR(mid) + 1 pp"),
+                                   ("no adaptation", "no adaptation", "no adaptation")):
+            rows.append(("#6 Fed-ADE", f"{key}: ≥ {label}", _status(c[f"{key} Fed-ADE >= {check}"]),
                          _pp(acc(key, "Fed-ADE"), acc(key, peer))))
     if "covariate/lin" in r:
         rows.append(("#6 Fed-ADE", "covariate/lin: ≥ FixLR(mid)",
