@@ -39,6 +39,7 @@ PROTOCOL = {"fedfew@fedfew-eval='local'": "fedfew (official code's evaluation)"}
 METHODS = ["fedfew", *OPT_IN, *PROTOCOL, "ifca", "fedavg", "fedavg-ft", "fedrep",
            "local"]
 SPLITS = ["pathological:2", "dirichlet:0.1"]
+NUM_CLIENTS = 20
 KEYS = ("client-accuracy", "client-accuracy-min", "client-accuracy-std", "jain-index")
 UP = "bytes-up-per-client-round"  # from the run's summary: K models for FedFew, one for the rest
 
@@ -60,7 +61,7 @@ def main() -> None:
     results, configs = kept_splits("fedfew", base, vary=("num-server-rounds",))
     for split in args.splits.split(","):
         out = ROOT / "runs" / f"bench-fedfew-{split.replace(':', '')}"
-        compare(run, {**base, "partition": split}, num_clients=20, out=out)
+        compare(run, {**base, "partition": split}, num_clients=NUM_CLIENTS, out=out)
         # earlier rows of this split are kept only if measured with these rounds too
         kept = results.get(split, {}) if configs.get(split) == base else {}
         last = {m: read_metrics(out / run_label(m))[-1] for m in run}
@@ -71,7 +72,8 @@ def main() -> None:
     table, checks = render(results, configs)
     (RESULTS / "fedfew.md").write_text(table + "\n")
     write_result("fedfew", {"table": table, "checks": checks, "config": base,
-                            "split-configs": configs, "results": results})
+                            "num-clients": NUM_CLIENTS, "split-configs": configs,
+                            "results": results})
 
 
 def _pct(v: float | None) -> str:

@@ -104,6 +104,15 @@ def render() -> str:
                          "stage (the fedcc@fedcc-ssl-epochs=20 row: the paper's 20, and a black "
                          f"probe image), {c['distill-epochs']} of distillation (FedDF also with 5), "
                          f"batch {c['batch-size']}.")
+            if name == "fedfew" and "num-clients" in d:
+                c = d["config"]
+                extra = (f"\n\nSame partitions and seed for every method within a split: "
+                         f"fashion-mnist, {d['num-clients']} clients, seed {c['seed']}, "
+                         f"{c['train-samples']} training samples, each client's part split "
+                         f"{100 * (1 - c['local-test-fraction']):.0f}/"
+                         f"{100 * c['local-test-fraction']:.0f} into local train/test, K = "
+                         f"{c['num-models']} models for FedFew and IFCA; rounds per split as in "
+                         "the table.")
             if name.startswith("fedxds"):
                 extra = ("\n\nRound at which each first reaches FedAvg's final accuracy: "
                          f"{d['rounds-to-fedavg-final']}")
