@@ -42,7 +42,6 @@ def attribute(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str = 
 
     model.eval()
     if method == "lrp":
-        _set_lrp_rules(model)
         explainer = LRP(model)
     elif method == "ig":
         explainer = IntegratedGradients(model)
@@ -54,6 +53,10 @@ def attribute(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str = 
     for start in range(0, len(x), batch_size):
         xb = x[start:start + batch_size].clone().requires_grad_(True)
         yb = y[start:start + batch_size]
+        if method == "lrp":
+            # captum's LRP.attribute removes every layer's rule when it returns (its defaults, the
+            # ε-rule, would take over in the next batch), so the rules are set for each batch
+            _set_lrp_rules(model)
         if method == "ig":
             a = explainer.attribute(xb, target=yb, n_steps=16)
         elif method == "smoothgrad":
@@ -62,8 +65,4 @@ def attribute(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str = 
         else:
             a = explainer.attribute(xb, target=yb)
         out.append(a.detach().sum(1))
-    if method == "lrp":
-        for m in model.modules():
-            if hasattr(m, "rule"):
-                del m.rule
     return torch.cat(out)

@@ -71,6 +71,20 @@ def test_each_attribution_method_runs_on_cnn_and_resnet(model_name, method):
     assert not any(hasattr(m, "rule") for m in model.modules())  # LRP rules removed again
 
 
+@pytest.mark.parametrize("model_name", ["cnn", "resnet8"])
+def test_lrp_keeps_its_rules_in_every_batch(model_name):
+    """captum removes LRP's rules after each call; batches after the first must still get them
+    (with captum's default ε-rule the CNN's LRP would be Input×Gradient, and the ResNet's
+    nn.Identity has no default rule at all)."""
+    torch.manual_seed(0)
+    model = build_model(model_name, 1, 10, 28)
+    x, y = torch.randn(6, 1, 28, 28), torch.tensor([0, 1, 2, 3, 4, 5])
+    whole = attribute(model, x, y, "lrp", batch_size=6)
+    in_batches = attribute(model, x, y, "lrp", batch_size=2)
+    assert torch.allclose(whole, in_batches, atol=1e-5)
+    assert not any(hasattr(m, "rule") for m in model.modules())
+
+
 def test_lrp_is_not_input_times_gradient():
     torch.manual_seed(0)
     model = build_model("cnn", 1, 10, 28)
