@@ -8,6 +8,9 @@ Usage: .venv/bin/python -m benchmarks.fedxds [--rounds 20] [--train-samples 3000
 (dirichlet:0.05 over 100 clients cannot give every client 10 samples: flwr-datasets gives up
 after 10 draws, so the 100-client run allows partitions of a single sample; it writes
 fedxds-100clients.json.)
+--methods reruns only some rows (e.g. after a fix in one method): the others keep their earlier
+results when those were measured with the same settings, and FedAvg's row must be among them
+(the rounds-to-FedAvg's-final of every row depend on it).
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, write_result
-from flowerbed.compare import compare, run_label
+from benchmarks.common import RESULTS, merged_rows, read_result, write_result
+from flowerbed.compare import compare, markdown_table, run_label
 from flowerbed.results import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,20 +35,29 @@ def main() -> None:
     ap.add_argument("--partition", default="dirichlet:0.05")
     ap.add_argument("--num-clients", type=int, default=10)
     ap.add_argument("--min-partition-size", type=int, default=10)
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help="run only these (comma-separated); the others keep their earlier results "
+                         "if measured with the same settings")
     args = ap.parse_args()
+    run = args.methods.split(",")
     base = {"partition": args.partition, "num-server-rounds": args.rounds, "seed": 0,
             "train-samples": args.train_samples, "fedxds-warmup-rounds": 3,
             "min-partition-size": args.min_partition_size}
     name = "fedxds" if args.num_clients == 10 else f"fedxds-{args.num_clients}clients"
+    kept, kept_reach, dates = kept_rows(name, base, args.num_clients, run)
     out = ROOT / "runs" / f"bench-{name}-{args.partition.replace(':', '')}"
     start = time.perf_counter()
-    table = compare(METHODS, base, num_clients=args.num_clients, out=out)
+    compare(run, base, num_clients=args.num_clients, out=out)
     wall = time.perf_counter() - start
-    res = json.loads((out / "results.json").read_text())
+    res = merged_rows(kept, json.loads((out / "results.json").read_text()), METHODS)
+    table = markdown_table(res, base, args.num_clients)
     curves = {m: [(r["round"], r["accuracy"]) for r in read_metrics(out / run_label(m))
-                  if r.get("accuracy") is not None] for m in METHODS}
+                  if r.get("accuracy") is not None] for m in run}
     target = res["fedavg"]["final-accuracy"]
-    reach = {m: next((rnd for rnd, a in c if rnd > 0 and a >= target), None) for m, c in curves.items()}
+    reach = {m: kept_reach[m] if m in kept_reach else
+             next((rnd for rnd, a in curves[m] if rnd > 0 and a >= target), None) for m in res}
+    today = time.strftime("%Y-%m-%d %H:%M")
+    dates.update({m: today for m in run})
     checks = {
         "fedxds >= fedavg + 3pp": res["fedxds"]["final-accuracy"] >= target + 0.03,
         "fedxds reaches fedavg's final accuracy within half the rounds":
@@ -55,7 +67,30 @@ def main() -> None:
                                         f"FedAvg's final accuracy ({target:.4f}): {reach}\n")
     write_result(name, {"table": table, "rounds-to-fedavg-final": reach, "checks": checks,
                         "config": base, "num-clients": args.num_clients,
-                        "wall-seconds": round(wall), "results": res})
+                        "wall-seconds": round(wall), "row-dates": dates, "results": res})
+
+
+def kept_rows(name: str, base: dict, num_clients: int, run: list[str]
+              ) -> tuple[dict[str, dict], dict[str, int | None], dict[str, str]]:
+    """Earlier results, rounds-to-FedAvg's-final and dates of the rows not in ``run``."""
+    if unknown := [m for m in run if m not in METHODS]:
+        raise SystemExit(f"unknown method(s) {unknown}; this benchmark's: {', '.join(METHODS)}")
+    rest = [m for m in METHODS if m not in run]
+    if not rest:
+        return {}, {}, {}
+    if "fedavg" not in rest:
+        raise SystemExit("--methods without every method must keep FedAvg's earlier row: "
+                         "every row's rounds-to-FedAvg's-final depends on it")
+    old = read_result(name)
+    # results written before min-partition-size was recorded used the script's default, 10
+    same = ({"min-partition-size": 10, **old.get("config", {})} == base
+            and old.get("num-clients", 10) == num_clients)
+    if not same or any(m not in old.get("results", {}) for m in rest):
+        raise SystemExit(f"no earlier {name} result with these settings holds {', '.join(rest)}: "
+                         "run every method")
+    dates = {m: old.get("row-dates", {}).get(m, old["machine"]["date"]) for m in rest}
+    return ({m: old["results"][m] for m in rest},
+            {m: old["rounds-to-fedavg-final"][m] for m in rest}, dates)
 
 
 if __name__ == "__main__":

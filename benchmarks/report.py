@@ -66,12 +66,6 @@ def render() -> str:
                 if per := d.get("random-init-probe-per-seed"):
                     extra += f" (mean; per seed {', '.join(_pct(v) for v in per.values())})"
                 extra += "."
-                if dates := d.get("row-dates"):
-                    by_date: dict[str, list[str]] = {}
-                    for m, day in dates.items():
-                        by_date.setdefault(day, []).append(m)
-                    extra += ("\n\nRows by the date their results were written: " + "; ".join(
-                        f"{day}: {', '.join(ms)}" for day, ms in sorted(by_date.items())) + ".")
                 if c := read_result("fedx_central"):
                     probes = ", ".join(f"{100 * r['probe']:.1f}" for r in c["curve"])
                     extra += (f"\n\nCentralised SimCLR with the same encoder, augmentations and "
@@ -119,6 +113,12 @@ def render() -> str:
                 if "wall-seconds" in d:
                     extra += (f"\n\nThe whole benchmark ({d['num-clients']} clients) took "
                               f"{d['wall-seconds'] / 60:.0f} min.")
+            if (dates := d.get("row-dates")) and len(set(dates.values())) > 1:
+                by_date: dict[str, list[str]] = {}
+                for m, day in dates.items():
+                    by_date.setdefault(day, []).append(m)
+                extra += ("\n\nRows by the date their results were written: " + "; ".join(
+                    f"{day}: {', '.join(ms)}" for day, ms in sorted(by_date.items())) + ".")
             note = f"\n\n{d['note']}" if d.get("note") else ""
             checks = f"\n\n{c}" if (c := _checks(d)) else ""
             out.append(f"**{title}** (`benchmarks/{name.split('-')[0]}.py`, {d['machine']['date']})"
