@@ -125,6 +125,31 @@ def test_client_round_uploads_shared_layers_only(extra):
                                  else cfg.fedade_lr_min <= m["lr"] <= cfg.fedade_lr_max)
 
 
+@pytest.mark.parametrize("sync", [True, False])
+def test_local_only_adaptation_shares_nothing(sync):
+    """fedade-sync=false: the server keeps sending the pre-trained model, so a client that has
+    not adapted yet does not receive the others' adapted shared layers."""
+    from flowerbed.strategies.fedade import FedADEStrategy
+    from tests.conftest import reply
+
+    cfg = Config.from_run_config({**SMALL, "fedade-sync": sync, "min-clients": 1,
+                                  "fedade-lr-mode": "fixed", "fedade-fixed-lr": 0.1})
+    strategy = FedADEStrategy(cfg)
+    arrays = strategy.initial_arrays(None)
+    ctx = Context(run_id=1, node_id=2, node_config={"partition-id": 1, "num-partitions": 3},
+                  state=RecordDict(), run_config=cfg.to_run_config())
+    client = METHODS["fedade"].client(cfg, ctx)
+    msg = sent(2, strategy.train_content(1, arrays, ConfigRecord({"server-round": 1})))
+    strategy.node_of[1], strategy.partition_of[2], strategy.num_partitions = 2, 1, 3
+    strategy._sent, strategy._reference = [msg], arrays
+    upload = client.train(msg).content
+    out, _ = strategy.aggregate_train(1, [reply(msg, upload)])
+    key = next(iter(upload["arrays"]))  # a shared layer
+    adapted = np.allclose(out[key].numpy(), upload["arrays"][key].numpy())
+    assert adapted == sync
+    assert np.allclose(out[key].numpy(), arrays[key].numpy()) != sync
+
+
 def test_raw_pixels_reach_the_model_and_pretrain_apart(tmp_path, monkeypatch):
     """fedade-pixels='raw': the model sees 0-255 floats (the official CIFAR code's input) in
     pre-training, streams and BBSE's reference set, from a pre-trained model of its own."""

@@ -26,6 +26,7 @@ class FedADEStrategy(FedRepStrategy):
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.bbse: ArrayRecord | None = None
+        self._pretrained: ArrayRecord | None = None
 
     def step_of(self, server_round: int) -> tuple[int, int]:
         return divmod(server_round - 1, self.cfg.fedade_rounds_per_step)
@@ -43,7 +44,8 @@ class FedADEStrategy(FedRepStrategy):
             self.bbse = ArrayRecord({"confusion": Array(confusion(net, held)),
                                      "ref_x": Array(held.x[ref].numpy()),
                                      "ref_y": Array(y[ref].astype(np.int64))})
-        return to_record(net)
+        self._pretrained = to_record(net)
+        return self._pretrained
 
     def train_content(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord
                       ) -> RecordDict:
@@ -63,6 +65,11 @@ class FedADEStrategy(FedRepStrategy):
 
     def aggregate_train(self, server_round, replies):
         arrays, metrics = super().aggregate_train(server_round, replies)
+        if not self.cfg.fedade_sync and arrays is not None:
+            # local-only adaptation: nothing is shared, so the server keeps sending the
+            # pre-trained model; a client that has not adapted yet starts (and is scored) from
+            # it, not from an average of the others' adapted layers
+            arrays = self._pretrained
         pre = [(v["train-pre-correct"], v["train-pre-n"]) for v in self.round.clients.values()
                if "train-pre-n" in v]
         if pre:
