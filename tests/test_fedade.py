@@ -150,6 +150,38 @@ def test_local_only_adaptation_shares_nothing(sync):
     assert np.allclose(out[key].numpy(), arrays[key].numpy()) != sync
 
 
+def test_predict_then_update_scores_the_next_batch_before_adapting():
+    """A step's evaluation also predicts the next step's batch with the model the client starts
+    that step with; the server records it, pooled, in the next step's first round."""
+    from flowerbed.strategies.fedade import FedADEStrategy
+    from tests.conftest import reply
+
+    cfg = Config.from_run_config({**SMALL, "fedade-lr-mode": "none", "min-clients": 1})
+    strategy = FedADEStrategy(cfg)
+    arrays = strategy.initial_arrays(None)
+    ctx = Context(run_id=1, node_id=2, node_config={"partition-id": 1, "num-partitions": 3},
+                  state=RecordDict(), run_config=cfg.to_run_config())
+    client = METHODS["fedade"].client(cfg, ctx)
+
+    def evaluate(step):
+        content = strategy.eval_content(arrays)
+        content["config"] = ConfigRecord({"server-round": 2 * step + 2, "fedade-step": step})
+        return sent(2, content, "evaluate")
+
+    msg0 = evaluate(0)
+    m0 = client.evaluate(msg0).content["metrics"]
+    m1 = client.evaluate(evaluate(1)).content["metrics"]
+    # without adaptation the model does not change: step 1's prediction made at step 0's end
+    # is step 1's online accuracy
+    assert m0["next-correct"] == round(m1["accuracy"] * m1["num-examples"])
+    assert m0["next-n"] == m1["num-examples"] and "next-n" not in m1  # 2 steps: no step 2
+    strategy.node_of[1], strategy.partition_of[2], strategy.num_partitions = 2, 1, 3
+    strategy._sent = [msg0]
+    strategy.aggregate_evaluate(2, [reply(msg0, client.evaluate(msg0).content)])
+    assert "next-correct" not in strategy.round.eval_metrics
+    assert strategy._next_pre == m0["next-correct"] / m0["next-n"]
+
+
 def test_raw_pixels_reach_the_model_and_pretrain_apart(tmp_path, monkeypatch):
     """fedade-pixels='raw': the model sees 0-255 floats (the official CIFAR code's input) in
     pre-training, streams and BBSE's reference set, from a pre-trained model of its own."""

@@ -151,9 +151,10 @@ class FedADEClient(Client):
         cfg = self.cfg
         model = self.model_for(msg)
         x, y, t = self.batch(msg)
-        first_of_step = int(msg.content["config"]["fedade-round-in-step"]) == 0
         pre = {}
-        if first_of_step:  # predict-then-update: score the batch before adapting to it
+        if t == 0 and int(msg.content["config"]["fedade-round-in-step"]) == 0:
+            # predict-then-update for step 0 (later steps: the previous step's evaluation):
+            # the pre-trained model on the batch, before adapting to it
             model.eval()
             with torch.no_grad():
                 pre = {"pre-correct": int((model(x).argmax(1) == y).sum()), "pre-n": len(y)}
@@ -183,13 +184,23 @@ class FedADEClient(Client):
         return self.reply(msg, metrics, arrays=shared)
 
     def evaluate(self, msg: Message) -> Message:
-        """Online accuracy: the current model on this step's batch, after the step's rounds."""
+        """Online accuracy: the current model on this step's batch, after the step's rounds.
+
+        The same model, the one the client starts step t+1 with, also predicts step t+1's batch
+        before adapting to it (``next-correct``/``next-n``): the predict-then-update accuracy
+        of step t+1, from every evaluating client, as online accuracy is.
+        """
         model = self.model_for(msg).eval()
         x, y, t = self.batch(msg)
         with torch.no_grad():
             out = model(x)
-        return self.reply(msg, {"num-examples": len(y), "accuracy": float((out.argmax(1) == y)
-                                                                           .float().mean()),
-                                "loss": float(F.cross_entropy(out, y)), "time-step": t})
+        metrics = {"num-examples": len(y), "accuracy": float((out.argmax(1) == y).float().mean()),
+                   "loss": float(F.cross_entropy(out, y)), "time-step": t}
+        if t + 1 < self.cfg.num_server_rounds // self.cfg.fedade_rounds_per_step:
+            xn, yn = client_batch(self.cfg, self.partition_id, self.num_partitions, t + 1)
+            with torch.no_grad():
+                pred = model(self.model_input(xn)).argmax(1).cpu()
+            metrics.update({"next-correct": int((pred == yn).sum()), "next-n": len(yn)})
+        return self.reply(msg, metrics)
 
 

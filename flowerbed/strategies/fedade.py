@@ -4,8 +4,10 @@ One Flower round per (time step t, round r within t): round k = t·R + r + 1 wit
 ``fedade-rounds-per-step``. The global record starts from the centrally pre-trained model
 (:mod:`flowerbed.pretrain`); clients upload only the shared layers, which are averaged (as
 FedRep's body). At the end of each step every client scores its current model on its own batch
-(online accuracy, pooled over clients); the sampled clients also score the batch before adapting
-in the step's first round (predict-then-update accuracy, ``pre-accuracy``). With ``fedade-risk =
+(online accuracy, pooled over clients) and on its next step's batch, before adapting to it:
+the predict-then-update accuracy (``pre-accuracy``) of the next step, recorded in that step's
+first round. For step 0 it comes from the clients sampled in round 1, which score the
+pre-trained model (every client's model then) before adapting. With ``fedade-risk =
 bbse`` every training message carries the confusion matrix and a small labelled reference set.
 """
 
@@ -23,10 +25,13 @@ REF_PER_CLASS = 20
 
 
 class FedADEStrategy(FedRepStrategy):
+    checkpoint_attrs = ("_next_pre",)  # the next step's predict-then-update accuracy
+
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.bbse: ArrayRecord | None = None
         self._pretrained: ArrayRecord | None = None
+        self._next_pre: float | None = None
 
     def step_of(self, server_round: int) -> tuple[int, int]:
         return divmod(server_round - 1, self.cfg.fedade_rounds_per_step)
@@ -70,10 +75,26 @@ class FedADEStrategy(FedRepStrategy):
             # pre-trained model; a client that has not adapted yet starts (and is scored) from
             # it, not from an average of the others' adapted layers
             arrays = self._pretrained
-        pre = [(v["train-pre-correct"], v["train-pre-n"]) for v in self.round.clients.values()
-               if "train-pre-n" in v]
-        if pre:
-            self.round.train_metrics["pre-accuracy"] = sum(c for c, _ in pre) / sum(n for _, n in pre)
+        t, r = self.step_of(server_round)
+        if r == 0:
+            if t == 0:
+                self._next_pre = pooled(self.round.clients.values(), "train-pre")
+            if self._next_pre is not None:
+                self.round.train_metrics["pre-accuracy"] = self._next_pre
+            self._next_pre = None
         self.round.train_metrics.pop("pre-correct", None)
         self.round.train_metrics.pop("pre-n", None)
         return arrays, metrics
+
+    def aggregate_evaluate(self, server_round, replies):
+        metrics = super().aggregate_evaluate(server_round, replies)
+        self._next_pre = pooled(self.round.clients.values(), "evaluate-next")
+        self.round.eval_metrics.pop("next-correct", None)
+        self.round.eval_metrics.pop("next-n", None)
+        return metrics
+
+
+def pooled(clients, prefix: str) -> float | None:
+    """Correct predictions over predictions, summed over the clients that reported them."""
+    counts = [(v[f"{prefix}-correct"], v[f"{prefix}-n"]) for v in clients if f"{prefix}-n" in v]
+    return sum(c for c, _ in counts) / sum(n for _, n in counts) if counts else None
