@@ -231,9 +231,9 @@ class Config:
                               "evaluation: set it > 0")
         positive_ints = ("num-server-rounds", "local-epochs", "batch-size", "eval-every", "min-clients",
                          "probe-every", "probe-epochs", "probe-batch-size", "ssl-dim", "num-models",
-                         "fedade-rounds-per-step", "fedade-batch", "fedade-steps", "fedade-pretrain-epochs")
-        for key in ("distill-epochs", "fedcc-ssl-epochs", "fedrep-head-epochs", "finetune-epochs",
-                    "fedxds-warmup-rounds"):
+                         "fedade-rounds-per-step", "fedade-batch", "fedade-steps", "fedade-pretrain-epochs",
+                         "fedxds-warmup-rounds")  # FedXDS shares in its last warm-up round
+        for key in ("distill-epochs", "fedcc-ssl-epochs", "fedrep-head-epochs", "finetune-epochs"):
             if getattr(self, key.replace("-", "_")) < 0:
                 raise ConfigError(key, getattr(self, key.replace("-", "_")), "must be an integer >= 0")
         for key in positive_ints:

@@ -132,3 +132,27 @@ def test_noise_is_mandatory():
         Config.from_run_config({**SMALL, "fedxds-sigma": 0.0})
     cfg = Config.from_run_config({**SMALL, "fedxds-sigma": 0.0, "fedxds-epsilon": 4.0})
     assert cfg.resolved_sigma() == pytest.approx(sigma_for(4.0, 1e-5))
+
+
+def test_sharing_needs_a_warm_up_round():
+    """Clients share in the last warm-up round; with none D_g would never exist."""
+    with pytest.raises(ConfigError, match="'fedxds-warmup-rounds' = 0 is invalid"):
+        Config.from_run_config({**SMALL, "fedxds-warmup-rounds": 0})
+
+
+def test_every_client_shares_whatever_fraction_trains():
+    from flowerbed.strategies.fedxds import FedXDSStrategy
+
+    class FakeGrid:
+        def get_node_ids(self):
+            return [101, 102, 103, 104]
+
+    cfg = Config.from_run_config({**SMALL, "fraction-train": 0.5, "min-clients": 1,
+                                  "fedxds-warmup-rounds": 2})
+    s = FedXDSStrategy(cfg)
+    for i, n in enumerate(FakeGrid().get_node_ids()):
+        s.node_of[i], s.partition_of[n] = n, i
+    s.num_partitions = 4
+    arrays = to_record(make_model(cfg, train_set(cfg)))
+    sizes = [len(list(s.configure_train(r, arrays, ConfigRecord(), FakeGrid()))) for r in (1, 2, 3)]
+    assert sizes == [2, 4, 2]  # warm-up, share (everyone), main

@@ -79,6 +79,13 @@ class FedXDSStrategy(FlowerbedFedAvg):
         self._sent = out
         return out
 
+    def sample(self, grid: Grid, server_round: int, fraction: float, stream: int) -> list[int]:
+        # every client uploads its share of D_g once (the paper: all clients share), whatever
+        # part of them fraction-train samples in the other rounds
+        if stream == 0 and self._share_round:
+            fraction = 1.0
+        return super().sample(grid, server_round, fraction, stream)
+
     def check_arrays(self, content: RecordDict) -> str | None:
         if self._share_round:  # the shared samples, then the model as usual
             problem = check_shared(content.array_records.get(SHARED))
