@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from flowerbed.clients.base import Client
-from flowerbed.datasets.streams import client_batch
+from flowerbed.datasets.streams import client_batch, num_steps
 from flowerbed.models import is_personal
 from flowerbed.pretrain import pools
 from flowerbed.training import to_record
@@ -40,6 +40,12 @@ PERSONAL, SHARED_OWN, BUFFERS = "fedade.personal", "fedade.shared", "fedade.buff
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(F.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0))
+
+
+def correct(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+    """How many of ``x`` the model (in eval mode) labels ``y``."""
+    with torch.no_grad():
+        return int((model(x).argmax(1) == y).sum())
 
 
 def lr_from(s: float, lr_min: float, lr_max: float) -> float:
@@ -75,8 +81,12 @@ class FedADEClient(Client):
 
     def batch(self, msg: Message) -> tuple[torch.Tensor, torch.Tensor, int]:
         t = int(msg.content["config"]["fedade-step"])
+        return (*self.step_batch(t), t)
+
+    def step_batch(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This client's batch at time step ``t``, as the model sees it, and its labels."""
         x, y = client_batch(self.cfg, self.partition_id, self.num_partitions, t)
-        return self.model_input(x), y.to(self.device), t
+        return self.model_input(x), y.to(self.device)
 
     def model_input(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 images as the model sees them (``fedade-pixels``: standardised or raw 0-255)."""
@@ -155,9 +165,7 @@ class FedADEClient(Client):
         if t == 0 and int(msg.content["config"]["fedade-round-in-step"]) == 0:
             # predict-then-update for step 0 (later steps: the previous step's evaluation):
             # the pre-trained model on the batch, before adapting to it
-            model.eval()
-            with torch.no_grad():
-                pre = {"pre-correct": int((model(x).argmax(1) == y).sum()), "pre-n": len(y)}
+            pre = {"pre-correct": correct(model.eval(), x, y), "pre-n": len(y)}
         s_unc, s_rep = self.shift(model, x, t)
         lr = self.learning_rate(s_unc, s_rep)
         loss = float("nan")
@@ -196,11 +204,9 @@ class FedADEClient(Client):
             out = model(x)
         metrics = {"num-examples": len(y), "accuracy": float((out.argmax(1) == y).float().mean()),
                    "loss": float(F.cross_entropy(out, y)), "time-step": t}
-        if t + 1 < self.cfg.num_server_rounds // self.cfg.fedade_rounds_per_step:
-            xn, yn = client_batch(self.cfg, self.partition_id, self.num_partitions, t + 1)
-            with torch.no_grad():
-                pred = model(self.model_input(xn)).argmax(1).cpu()
-            metrics.update({"next-correct": int((pred == yn).sum()), "next-n": len(yn)})
+        if t + 1 < num_steps(self.cfg):
+            xn, yn = self.step_batch(t + 1)
+            metrics.update({"next-correct": correct(model, xn, yn), "next-n": len(yn)})
         return self.reply(msg, metrics)
 
 

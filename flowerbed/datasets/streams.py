@@ -96,9 +96,14 @@ def corrupt(x: torch.Tensor, kind: str, level: int, generator: torch.Generator) 
     return (xf.clamp(0, 1) * 255).round().to(torch.uint8)
 
 
+def num_steps(cfg) -> int:
+    """T, the number of time steps of the run's streams (one per ``fedade-rounds-per-step`` rounds)."""
+    return max(cfg.num_server_rounds // cfg.fedade_rounds_per_step, 1)
+
+
 def client_weight(cfg, partition_id: int, t: int) -> float:
     """Client ``partition_id``'s mixing weight w_t (its chain under ``fedade-ber-chain='client'``)."""
-    steps = max(cfg.num_server_rounds // cfg.fedade_rounds_per_step, 1)
+    steps = num_steps(cfg)
     chain = partition_id if cfg.fedade_ber_chain == "client" else None
     return float(schedule(cfg.fedade_schedule, steps, cfg.seed, cfg.fedade_ber_p, chain)[min(t, steps - 1)])
 

@@ -76,11 +76,10 @@ class FedADEStrategy(FedRepStrategy):
             # it, not from an average of the others' adapted layers
             arrays = self._pretrained
         t, r = self.step_of(server_round)
-        if r == 0:
-            if t == 0:
-                self._next_pre = pooled(self.round.clients.values(), "train-pre")
-            if self._next_pre is not None:
-                self.round.train_metrics["pre-accuracy"] = self._next_pre
+        if r == 0:  # step 0: this round's clients; later: the previous step's evaluation
+            pre = pooled(self.round.clients.values(), "train-pre") if t == 0 else self._next_pre
+            if pre is not None:
+                self.round.train_metrics["pre-accuracy"] = pre
             self._next_pre = None
         self.round.train_metrics.pop("pre-correct", None)
         self.round.train_metrics.pop("pre-n", None)
