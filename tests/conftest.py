@@ -38,6 +38,25 @@ def sent(node_id: int, content: RecordDict | None = None, mtype: str = "train") 
     return msg
 
 
+def prepared(strategy, nodes: list[int]) -> list[Message]:
+    """A strategy that 'sent' a training message to each node (partition i = nodes[i])."""
+    for i, n in enumerate(nodes):
+        strategy.node_of[i], strategy.partition_of[n] = n, i
+    strategy.num_partitions = len(nodes)
+    strategy._sent = [sent(n) for n in nodes]
+    return strategy._sent
+
+
+class FakeGrid:
+    """The one Grid call sampling makes: which nodes are connected."""
+
+    def __init__(self, nodes: list[int]) -> None:
+        self.nodes = nodes
+
+    def get_node_ids(self) -> list[int]:
+        return self.nodes
+
+
 def reply(to: Message, content: RecordDict) -> Message:
     return Message(content=content, reply_to=to)
 

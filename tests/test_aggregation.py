@@ -6,7 +6,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from flowerbed.strategies.fedavg import FedAvgStrategy, FedProxStrategy
 from flowerbed.strategies.scaffold import ACCEPTED, CV_DELTA, ScaffoldStrategy
-from tests.conftest import error_reply, reply, sent
+from tests.conftest import FakeGrid, error_reply, reply
+from tests.conftest import prepared as sent_to
 
 SHAPES = {"w": (3, 2), "b": (2,)}
 
@@ -26,13 +27,9 @@ def content(value, n, **extra):
 
 
 def prepared(strategy, nodes):
-    """A strategy that 'sent' a training message to each node (partition i = node 100+i)."""
-    for i, n in enumerate(nodes):
-        strategy.node_of[i], strategy.partition_of[n] = n, i
-    strategy.num_partitions = len(nodes)
+    """conftest's prepared strategy, whose global model (the replies' reference) is all zeros."""
     strategy._reference = arrays(0.0)
-    strategy._sent = [sent(n) for n in nodes]
-    return strategy._sent
+    return sent_to(strategy, nodes)
 
 
 def test_fedavg_is_the_sample_weighted_mean(cfg):
@@ -97,18 +94,15 @@ def test_replies_are_aggregated_in_partition_order(cfg):
 
 
 def test_fedprox_sends_mu_and_samples_deterministically(cfg):
-    class FakeGrid:
-        def get_node_ids(self):
-            return [101, 102, 103, 104]
-
+    grid = FakeGrid([101, 102, 103, 104])
     s = FedProxStrategy(cfg.replace(proximal_mu=0.5, fraction_train=0.5, min_clients=1))
     prepared(s, [101, 102, 103, 104])
-    msgs = list(s.configure_train(3, arrays(0.0), ConfigRecord(), FakeGrid()))
+    msgs = list(s.configure_train(3, arrays(0.0), ConfigRecord(), grid))
     assert len(msgs) == 2
     assert msgs[0].content["config"]["proximal-mu"] == 0.5
     again = FedProxStrategy(cfg.replace(proximal_mu=0.5, fraction_train=0.5, min_clients=1))
     prepared(again, [101, 102, 103, 104])
-    msgs2 = list(again.configure_train(3, arrays(0.0), ConfigRecord(), FakeGrid()))
+    msgs2 = list(again.configure_train(3, arrays(0.0), ConfigRecord(), grid))
     assert [m.metadata.dst_node_id for m in msgs] == [m.metadata.dst_node_id for m in msgs2]
     assert s.round.bytes_down == 2 * sum(r.count_bytes() for r in msgs[0].content.values())
 

@@ -10,7 +10,7 @@ from flowerbed.strategies.fedavg import FedAvgStrategy
 from flowerbed.strategies.fedfew import FedFewStrategy, fedfew_weights
 from flowerbed.strategies.ifca import IFCAStrategy
 from flowerbed.strategies.personal import pack, unpack
-from tests.conftest import reply, sent
+from tests.conftest import prepared, reply, sent
 
 
 def direct(losses, n, mu):
@@ -48,18 +48,10 @@ def rec(v):
     return ArrayRecord({k: Array(np.full(s, v, np.float32)) for k, s in SHAPES.items()})
 
 
-def prepared(s, n_clients):
-    for i in range(n_clients):
-        s.node_of[i], s.partition_of[100 + i] = 100 + i, i
-    s.num_partitions = n_clients
-    s._sent = [sent(100 + i) for i in range(n_clients)]
-    return s._sent
-
-
 def test_k1_update_equals_fedavg_when_clients_tie():
     cfg = Config.from_run_config({"method": "fedfew", "num-models": 1, "min-clients": 1})
     few, avg = FedFewStrategy(cfg), FedAvgStrategy(cfg.replace(method="fedavg"))
-    msgs_f, msgs_a = prepared(few, 3), prepared(avg, 3)
+    msgs_f, msgs_a = prepared(few, list(range(100, 103))), prepared(avg, list(range(100, 103)))
     few._models, few._reference = [rec(0.0)], rec(0.0)
     avg._reference = rec(0.0)
     vals = [1.0, 2.0, 6.0]
@@ -80,7 +72,7 @@ def test_fedfew_update_by_hand(server_lr, step):
                                   "fedfew-mu": 0.5, "fedfew-server-lr": server_lr,
                                   "fedfew-step": step})
     s = FedFewStrategy(cfg)
-    msgs = prepared(s, 2)
+    msgs = prepared(s, list(range(100, 102)))
     s._models, s._reference = [rec(0.0), rec(1.0)], rec(0.0)
     losses, n = np.array([[0.2, 1.0], [1.5, 0.3]]), np.array([30.0, 10.0])
     reps = [reply(msgs[i], RecordDict({"model.0": rec(2.0 + i), "model.1": rec(5.0 + i),
@@ -105,7 +97,7 @@ def test_fedfew_update_by_hand(server_lr, step):
 def test_ifca_averages_within_clusters():
     cfg = Config.from_run_config({"method": "ifca", "num-models": 2, "min-clients": 1})
     s = IFCAStrategy(cfg)
-    msgs = prepared(s, 3)
+    msgs = prepared(s, list(range(100, 103)))
     s._models, s._reference = [rec(0.0), rec(9.0)], rec(0.0)
     reps = [reply(msgs[0], RecordDict({"arrays": rec(1.0), "m": MetricRecord({"num-examples": 10,
                                                                               "cluster": 0})})),

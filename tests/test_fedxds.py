@@ -16,7 +16,7 @@ from flowerbed.models import build_model
 from flowerbed.privacy import classic_sigma, clip_l2, epsilon_for, sigma_for, sparsify
 from flowerbed.registry import METHODS as ALL_METHODS
 from flowerbed.training import to_record
-from tests.conftest import sent
+from tests.conftest import FakeGrid, prepared, sent
 
 
 @pytest.mark.parametrize("s", [0.0, 0.5, 0.8, 0.95])
@@ -143,16 +143,10 @@ def test_sharing_needs_a_warm_up_round():
 def test_every_client_shares_whatever_fraction_trains():
     from flowerbed.strategies.fedxds import FedXDSStrategy
 
-    class FakeGrid:
-        def get_node_ids(self):
-            return [101, 102, 103, 104]
-
     cfg = Config.from_run_config({**SMALL, "fraction-train": 0.5, "min-clients": 1,
                                   "fedxds-warmup-rounds": 2})
-    s = FedXDSStrategy(cfg)
-    for i, n in enumerate(FakeGrid().get_node_ids()):
-        s.node_of[i], s.partition_of[n] = n, i
-    s.num_partitions = 4
+    s, grid = FedXDSStrategy(cfg), FakeGrid([101, 102, 103, 104])
+    prepared(s, grid.nodes)
     arrays = to_record(make_model(cfg, train_set(cfg)))
-    sizes = [len(list(s.configure_train(r, arrays, ConfigRecord(), FakeGrid()))) for r in (1, 2, 3)]
+    sizes = [len(list(s.configure_train(r, arrays, ConfigRecord(), grid))) for r in (1, 2, 3)]
     assert sizes == [2, 4, 2]  # warm-up, share (everyone), main
