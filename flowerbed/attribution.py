@@ -1,9 +1,11 @@
 """Per-sample attribution maps through captum, conditioned on each sample's true label.
 
-Methods: ``lrp`` (captum's LRP with per-layer rules: α1β0 for convolutions, ε for dense layers,
-identity for skip connections; captum's default ε-rule everywhere would make LRP equal
-Input×Gradient on a ReLU network), ``ig`` (Integrated Gradients, zero baseline), ``ixg``
-(Input×Gradient) and ``smoothgrad`` (NoiseTunnel over Saliency).
+Methods: ``lrp`` (captum's LRP with the paper's composite, zennit's EpsilonPlusFlat: the flat rule
+on the first layer, α1β0 on the other convolutions, ε on dense layers, identity for skip
+connections; captum's default ε-rule everywhere would make LRP equal Input×Gradient on a ReLU
+network, and captum has no flat rule, so ``FlatRule`` below adds it), ``ig`` (Integrated
+Gradients, zero baseline), ``ixg`` (Input×Gradient) and ``smoothgrad`` (NoiseTunnel over
+Saliency).
 
 Model support: the CNN and the ResNets run every method. LRP needs every layer to be a module
 with a rule, so both networks flatten functionally and use one ReLU/pooling module per use; in
@@ -19,11 +21,36 @@ from torch import nn
 METHODS = ("lrp", "ig", "ixg", "smoothgrad")
 
 
+def _flat_rule():
+    from captum.attr._utils.lrp_rules import EpsilonRule
+
+    class FlatRule(EpsilonRule):
+        """LRP's flat rule (zennit's ``Flat``), for the first layer: the layer is evaluated with
+        unit weights, no bias and unit inputs, so each output's relevance is spread evenly over
+        its receptive field, whatever the signs of the (normalised) pixels and weights."""
+
+        def _manipulate_weights(self, module, inputs, outputs) -> None:
+            module.weight.data = torch.ones_like(module.weight.data)
+            if module.bias is not None:
+                module.bias.data = torch.zeros_like(module.bias.data)
+
+        def forward_pre_hook_activations(self, module, inputs):
+            # captum's LRP feeds the layer ``input + 0`` (a copy), so the caller's tensor is untouched
+            for inp, act in zip(inputs, module.activations[inputs[0].device], strict=True):
+                inp.data = torch.ones_like(act)
+            return inputs
+
+    return FlatRule(epsilon=1e-9)
+
+
 def _set_lrp_rules(model: nn.Module) -> None:
     from captum.attr._utils.lrp_rules import Alpha1_Beta0_Rule, EpsilonRule, IdentityRule
 
+    first = next(m for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear))
     for m in model.modules():
-        if isinstance(m, nn.Conv2d):
+        if m is first:
+            m.rule = _flat_rule()
+        elif isinstance(m, nn.Conv2d):
             m.rule = Alpha1_Beta0_Rule()
         elif isinstance(m, nn.Linear):
             m.rule = EpsilonRule(epsilon=1e-6)
