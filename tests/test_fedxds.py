@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, Context, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 from scipy.stats import norm
 
 from flowerbed.attribution import METHODS, attribute
@@ -16,7 +16,7 @@ from flowerbed.models import build_model
 from flowerbed.privacy import classic_sigma, clip_l2, epsilon_for, sigma_for, sparsify
 from flowerbed.registry import METHODS as ALL_METHODS
 from flowerbed.training import to_record
-from tests.conftest import FakeGrid, prepared, sent
+from tests.conftest import FakeGrid, error_reply, prepared, sent
 
 
 @pytest.mark.parametrize("s", [0.0, 0.5, 0.8, 0.95])
@@ -178,3 +178,46 @@ def test_every_client_shares_whatever_fraction_trains():
     arrays = to_record(make_model(cfg, train_set(cfg)))
     sizes = [len(list(s.configure_train(r, arrays, ConfigRecord(), grid))) for r in (1, 2, 3)]
     assert sizes == [2, 4, 2]  # warm-up, share (everyone), main
+
+
+def test_a_share_round_without_valid_uploads_is_repeated_in_the_next_round():
+    """Every client fails in the share round: the next round asks everyone to share again (and
+    is not a main round that runs without D_g); the retried share pools D_g, the round after
+    it is the first main round (restarted from the initial weights) and sends D_g."""
+    from flowerbed.strategies.fedxds import FedXDSStrategy
+
+    cfg = Config.from_run_config({**SMALL, "fraction-train": 0.5, "min-clients": 1,
+                                  "fedxds-warmup-rounds": 2, "num-server-rounds": 5})
+    s, grid = FedXDSStrategy(cfg), FakeGrid([101, 102])
+    prepared(s, grid.nodes)
+    initial = s.initial_arrays(make_model(cfg, train_set(cfg)))
+    warm = ArrayRecord({k: Array(v.numpy() + 1.0) for k, v in initial.items()})
+
+    def send(rnd):
+        msgs = list(s.configure_train(rnd, warm, ConfigRecord(), grid))
+        for m in msgs:
+            m.metadata.__dict__["_message_id"] = f"r{rnd}-{m.metadata.dst_node_id}"
+        return msgs
+
+    msgs = send(2)
+    assert [m.content["config"]["fedxds-phase"] for m in msgs] == ["share", "share"]
+    assert s.aggregate_train(2, [error_reply(m) for m in msgs]) == (None, None)
+    assert s.pool is None and s.phase(3) == "share" and s.phase(4) == "main"
+
+    msgs = send(3)
+    assert len(msgs) == 2 and {m.content["config"]["fedxds-phase"] for m in msgs} == {"share"}
+    replies = []
+    for i, m in enumerate(msgs):
+        ctx = Context(run_id=1, node_id=m.metadata.dst_node_id, state=RecordDict(),
+                      node_config={"partition-id": i, "num-partitions": 2},
+                      run_config=cfg.to_run_config())
+        replies.append(ALL_METHODS["fedxds"].client(cfg, ctx).train(m))
+    arrays, _ = s.aggregate_train(3, replies)
+    assert arrays is not None and s.pool is not None and s.checkpoint_state()["share_round"] == 3
+
+    msgs = send(4)
+    assert {m.content["config"]["fedxds-phase"] for m in msgs} == {"main"}
+    assert all("shared" in m.content for m in msgs)
+    for m in msgs:  # fedxds-init = scratch: the first main round restarts from the initial weights
+        assert all(np.array_equal(m.content["arrays"][k].numpy(), v.numpy())
+                   for k, v in initial.items())

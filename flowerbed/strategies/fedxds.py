@@ -7,6 +7,8 @@ and sends D_g to each client once (the first main round in which the client does
 having it); clients keep it in ``context.state``. Main rounds are FedAvg with the clients'
 objective CE(local) + λ·CE(D_g). ``fedxds-init``: ``scratch`` restarts the model from the
 initial weights at the first main round (the official code), ``warmup`` keeps the warm-up model.
+A share round without any valid upload (every client failed, or fewer valid replies than
+``min-clients``) is repeated in the next round, so a run never goes on silently without D_g.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Iterable
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from flowerbed.strategies.base import FlowerbedFedAvg, log, metric_record
@@ -25,13 +27,15 @@ SHARED = "shared"   # ArrayRecord {"x": [n, C, H, W] float16, "y": [n] int64}
 
 class FedXDSStrategy(FlowerbedFedAvg):
     # D_g, which partitions already hold it, and the initial weights ("scratch" restarts from them)
-    checkpoint_attrs = ("pool", "has_pool", "_initial")
+    # and the round in which clients share (the last warm-up round, later if that one failed)
+    checkpoint_attrs = ("pool", "has_pool", "_initial", "share_round")
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.pool: ArrayRecord | None = None
         self.has_pool: set[int] = set()
         self._initial: ArrayRecord | None = None
+        self.share_round: int | None = None  # None: fedxds-warmup-rounds
         self._share_round = False
 
     def describe(self) -> dict:
@@ -47,7 +51,7 @@ class FedXDSStrategy(FlowerbedFedAvg):
                                        "normalised pixel space (fixed-mask argument; opacus RDP)"}
 
     def phase(self, server_round: int) -> str:
-        r = self.cfg.fedxds_warmup_rounds
+        r = self.share_round or self.cfg.fedxds_warmup_rounds
         return "warmup" if server_round < r else "share" if server_round == r else "main"
 
     def initial_arrays(self, model: torch.nn.Module | None) -> ArrayRecord:
@@ -58,7 +62,7 @@ class FedXDSStrategy(FlowerbedFedAvg):
                         grid: Grid) -> Iterable[Message]:
         phase = self.phase(server_round)
         config["fedxds-phase"] = phase
-        first_main = server_round == self.cfg.fedxds_warmup_rounds + 1
+        first_main = server_round == (self.share_round or self.cfg.fedxds_warmup_rounds) + 1
         if first_main and self.cfg.fedxds_init == "scratch" and self._initial is not None:
             arrays = self._initial
         self._share_round = phase == "share"
@@ -94,6 +98,21 @@ class FedXDSStrategy(FlowerbedFedAvg):
             content = RecordDict({k: v for k, v in content.items() if k != SHARED})
         return super().check_arrays(content)
 
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        sharing = self._share_round
+        out = super().aggregate_train(server_round, replies)
+        if sharing and self.pool is None:
+            if server_round < self.cfg.num_server_rounds:
+                self.share_round = server_round + 1
+                log.warning("FedXDS: no valid shared samples in round %d; round %d asks every "
+                            "client to share again (one main round fewer)", server_round,
+                            server_round + 1)
+            else:
+                log.warning("FedXDS: no valid shared samples in the last round %d; the run ends "
+                            "without D_g", server_round)
+        return out
+
     def _check_and_log_replies(self, replies: Iterable[Message], is_train: bool,
                                validate: bool = True) -> tuple[list[Message], list[Message]]:
         valid, rejected = super()._check_and_log_replies(replies, is_train, validate)
@@ -116,10 +135,8 @@ class FedXDSStrategy(FlowerbedFedAvg):
                 self.pool = ArrayRecord({
                     "x": Array(np.concatenate([p["x"].numpy() for p in parts])),
                     "y": Array(np.concatenate([p["y"].numpy() for p in parts]))})
-                log.info("FedXDS: pooled %d shared samples from %d clients into D_g",
-                         len(self.pool["y"].numpy()), len(parts))
-            else:
-                log.warning("FedXDS: no valid shared samples; main rounds run without D_g")
+                log.info("FedXDS: pooled %d shared samples from %d of %d clients into D_g",
+                         len(self.pool["y"].numpy()), len(parts), len(parts) + len(rejected))
             self._share_round = False
         return valid, rejected
 
