@@ -111,8 +111,13 @@ def render() -> str:
                 extra = ("\n\nRound at which each first reaches FedAvg's final accuracy: "
                          f"{d['rounds-to-fedavg-final']}")
                 if "wall-seconds" in d:
-                    extra += (f"\n\nThe whole benchmark ({d['num-clients']} clients) took "
-                              f"{d['wall-seconds'] / 60:.0f} min.")
+                    dates = d.get("row-dates") or {}
+                    last = max(dates.values(), default=None)
+                    rerun = [m for m, t in dates.items() if t == last]
+                    what = (f"The whole benchmark ({d['num-clients']} clients)"
+                            if len(rerun) == len(dates) else
+                            f"The last rerun ({', '.join(rerun)}; {d['num-clients']} clients)")
+                    extra += f"\n\n{what} took {d['wall-seconds'] / 60:.0f} min."
             if (dates := d.get("row-dates")) and len(set(dates.values())) > 1:
                 by_date: dict[str, list[str]] = {}
                 for m, day in dates.items():
