@@ -136,7 +136,7 @@ class FedXDSStrategy(FlowerbedFedAvg):
                     "x": Array(np.concatenate([p["x"].numpy() for p in parts])),
                     "y": Array(np.concatenate([p["y"].numpy() for p in parts]))})
                 log.info("FedXDS: pooled %d shared samples from %d of %d clients into D_g",
-                         len(self.pool["y"].numpy()), len(parts), len(parts) + len(rejected))
+                         len(self.pool["y"].numpy()), len(parts), len(self._sent))
             self._share_round = False
         return valid, rejected
 
