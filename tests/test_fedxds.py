@@ -180,6 +180,37 @@ def test_every_client_shares_whatever_fraction_trains():
     assert sizes == [2, 4, 2]  # warm-up, share (everyone), main
 
 
+def client_reply(cfg: Config, msg, partition: int, num_partitions: int = 2):
+    """The real FedXDS client's answer to ``msg`` (fresh state)."""
+    ctx = Context(run_id=1, node_id=msg.metadata.dst_node_id, state=RecordDict(),
+                  node_config={"partition-id": partition, "num-partitions": num_partitions},
+                  run_config=cfg.to_run_config())
+    return ALL_METHODS["fedxds"].client(cfg, ctx).train(msg)
+
+
+def test_every_released_upload_is_pooled_even_when_the_round_is_skipped():
+    """Fewer valid replies than min-clients: the model is kept, but the samples that did arrive
+    are pooled (asking again would release them a second time, with fresh noise); no retry."""
+    from flowerbed.strategies.fedxds import FedXDSStrategy, check_shared
+
+    cfg = Config.from_run_config({**SMALL, "min-clients": 2, "fedxds-warmup-rounds": 1,
+                                  "num-server-rounds": 3})
+    s, grid = FedXDSStrategy(cfg), FakeGrid([101, 102])
+    prepared(s, grid.nodes)
+    arrays = s.initial_arrays(make_model(cfg, train_set(cfg)))
+    msgs = list(s.configure_train(1, arrays, ConfigRecord(), grid))
+    for m in msgs:
+        m.metadata.__dict__["_message_id"] = f"r1-{m.metadata.dst_node_id}"
+    ok = client_reply(cfg, msgs[1], 1)
+    n = len(ok.content["shared"]["y"].numpy())
+    assert s.aggregate_train(1, [error_reply(msgs[0]), ok]) == (None, None)  # < min-clients
+    assert s.pool is not None and len(s.pool["y"].numpy()) == n and s.phase(2) == "main"
+    assert "shared" not in ok.content  # stripped: FedAvg would see the model only
+    bad = ArrayRecord({"x": Array(np.zeros((2, 3, 32, 32), np.float16)),
+                       "y": Array(np.zeros(2, np.int64))})
+    assert "fashion-mnist's are (1, 28, 28)" in check_shared(bad, "fashion-mnist")
+
+
 def test_a_share_round_without_valid_uploads_is_repeated_in_the_next_round():
     """Every client fails in the share round: the next round asks everyone to share again (and
     is not a main round that runs without D_g); the retried share pools D_g, the round after
@@ -206,12 +237,7 @@ def test_a_share_round_without_valid_uploads_is_repeated_in_the_next_round():
 
     msgs = send(3)
     assert len(msgs) == 2 and {m.content["config"]["fedxds-phase"] for m in msgs} == {"share"}
-    replies = []
-    for i, m in enumerate(msgs):
-        ctx = Context(run_id=1, node_id=m.metadata.dst_node_id, state=RecordDict(),
-                      node_config={"partition-id": i, "num-partitions": 2},
-                      run_config=cfg.to_run_config())
-        replies.append(ALL_METHODS["fedxds"].client(cfg, ctx).train(m))
+    replies = [client_reply(cfg, m, i) for i, m in enumerate(msgs)]
     arrays, _ = s.aggregate_train(3, replies)
     assert arrays is not None and s.pool is not None and s.checkpoint_state()["share_round"] == 3
 

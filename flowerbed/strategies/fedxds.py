@@ -7,8 +7,11 @@ and sends D_g to each client once (the first main round in which the client does
 having it); clients keep it in ``context.state``. Main rounds are FedAvg with the clients'
 objective CE(local) + λ·CE(D_g). ``fedxds-init``: ``scratch`` restarts the model from the
 initial weights at the first main round (the official code), ``warmup`` keeps the warm-up model.
-A share round without any valid upload (every client failed, or fewer valid replies than
-``min-clients``) is repeated in the next round, so a run never goes on silently without D_g.
+Every valid upload of the share round is pooled, also one whose reply is left out of the model
+average (a bad model, or fewer valid replies than ``min-clients``): it has been released, and
+asking again would release the same samples a second time with fresh noise. A share round
+without any valid upload is repeated in the next round, so a run never goes on silently
+without D_g.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
+from flowerbed.datasets.loading import IMAGE_SHAPES
 from flowerbed.strategies.base import FlowerbedFedAvg, log, metric_record
 
 SHARED = "shared"   # ArrayRecord {"x": [n, C, H, W] float16, "y": [n] int64}
@@ -92,7 +96,7 @@ class FedXDSStrategy(FlowerbedFedAvg):
 
     def check_arrays(self, content: RecordDict) -> str | None:
         if self._share_round:  # the shared samples, then the model as usual
-            problem = check_shared(content.array_records.get(SHARED))
+            problem = check_shared(content.array_records.get(SHARED), self.cfg.dataset)
             if problem:
                 return problem
             content = RecordDict({k: v for k, v in content.items() if k != SHARED})
@@ -113,8 +117,23 @@ class FedXDSStrategy(FlowerbedFedAvg):
                             "without D_g", server_round)
         return out
 
+    def _released(self, replies: list[Message]) -> list[ArrayRecord]:
+        """The valid uploads among ``replies``, in partition order, whatever else each reply holds."""
+        dst_of = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
+        parts = []
+        for r in replies:
+            if r.has_error():
+                continue
+            shared = r.content.array_records.get(SHARED)
+            if check_shared(shared, self.cfg.dataset) is None:
+                node = dst_of.get(r.metadata.reply_to_message_id, r.metadata.src_node_id)
+                parts.append((self.partition_of.get(node, -1), shared))
+        return [shared for _, shared in sorted(parts, key=lambda t: t[0])]
+
     def _check_and_log_replies(self, replies: Iterable[Message], is_train: bool,
                                validate: bool = True) -> tuple[list[Message], list[Message]]:
+        replies = list(replies)
+        parts = self._released(replies) if is_train and self._share_round else []
         valid, rejected = super()._check_and_log_replies(replies, is_train, validate)
         if not is_train:
             return valid, rejected
@@ -125,12 +144,11 @@ class FedXDSStrategy(FlowerbedFedAvg):
             else:  # e.g. a client restarted without its state: it gets D_g again next time
                 self.has_pool.discard(pid)
         if self._share_round:
-            # Pool the valid uploads in partition order, then strip them from the replies so
-            # that FedAvg averages the models only.
-            parts = []
-            for r in valid:
-                parts.append(r.content[SHARED])
-                del r.content[SHARED]
+            # Pool the valid uploads (see the module docstring), then strip them from the replies
+            # so that FedAvg averages the models only.
+            for r in replies:
+                if not r.has_error() and SHARED in r.content.array_records:
+                    del r.content[SHARED]
             if parts:
                 self.pool = ArrayRecord({
                     "x": Array(np.concatenate([p["x"].numpy() for p in parts])),
@@ -141,8 +159,8 @@ class FedXDSStrategy(FlowerbedFedAvg):
         return valid, rejected
 
 
-def check_shared(shared: ArrayRecord | None) -> str | None:
-    """None when ``shared`` holds x [n, C, H, W] and y [n] with finite values."""
+def check_shared(shared: ArrayRecord | None, dataset: str) -> str | None:
+    """None when ``shared`` holds x [n, C, H, W] (the data set's image shape) and y [n], finite."""
     if shared is None:
         return f"missing ArrayRecord '{SHARED}'"
     if set(shared) != {"x", "y"}:
@@ -150,6 +168,8 @@ def check_shared(shared: ArrayRecord | None) -> str | None:
     x, y = shared["x"].numpy(), shared["y"].numpy()
     if x.ndim != 4 or y.shape != (x.shape[0],):
         return f"shared samples have shapes {x.shape} and {y.shape}"
+    if x.shape[1:] != IMAGE_SHAPES[dataset]:
+        return f"shared images have shape {x.shape[1:]}, {dataset}'s are {IMAGE_SHAPES[dataset]}"
     if not np.isfinite(x.astype(np.float32)).all():
         return "shared samples hold NaN or inf values"
     return None
