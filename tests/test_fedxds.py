@@ -180,6 +180,14 @@ def test_every_client_shares_whatever_fraction_trains():
     assert sizes == [2, 4, 2]  # warm-up, share (everyone), main
 
 
+def train_messages(s, rnd: int, arrays, grid) -> list:
+    """Round ``rnd``'s training messages, with the ids the Grid would stamp on them."""
+    msgs = list(s.configure_train(rnd, arrays, ConfigRecord(), grid))
+    for m in msgs:
+        m.metadata.__dict__["_message_id"] = f"r{rnd}-{m.metadata.dst_node_id}"
+    return msgs
+
+
 def client_reply(cfg: Config, msg, partition: int, num_partitions: int = 2):
     """The real FedXDS client's answer to ``msg`` (fresh state)."""
     ctx = Context(run_id=1, node_id=msg.metadata.dst_node_id, state=RecordDict(),
@@ -198,9 +206,7 @@ def test_every_released_upload_is_pooled_even_when_the_round_is_skipped():
     s, grid = FedXDSStrategy(cfg), FakeGrid([101, 102])
     prepared(s, grid.nodes)
     arrays = s.initial_arrays(make_model(cfg, train_set(cfg)))
-    msgs = list(s.configure_train(1, arrays, ConfigRecord(), grid))
-    for m in msgs:
-        m.metadata.__dict__["_message_id"] = f"r1-{m.metadata.dst_node_id}"
+    msgs = train_messages(s, 1, arrays, grid)
     ok = client_reply(cfg, msgs[1], 1)
     n = len(ok.content["shared"]["y"].numpy())
     assert s.aggregate_train(1, [error_reply(msgs[0]), ok]) == (None, None)  # < min-clients
@@ -224,24 +230,18 @@ def test_a_share_round_without_valid_uploads_is_repeated_in_the_next_round():
     initial = s.initial_arrays(make_model(cfg, train_set(cfg)))
     warm = ArrayRecord({k: Array(v.numpy() + 1.0) for k, v in initial.items()})
 
-    def send(rnd):
-        msgs = list(s.configure_train(rnd, warm, ConfigRecord(), grid))
-        for m in msgs:
-            m.metadata.__dict__["_message_id"] = f"r{rnd}-{m.metadata.dst_node_id}"
-        return msgs
-
-    msgs = send(2)
+    msgs = train_messages(s, 2, warm, grid)
     assert [m.content["config"]["fedxds-phase"] for m in msgs] == ["share", "share"]
     assert s.aggregate_train(2, [error_reply(m) for m in msgs]) == (None, None)
     assert s.pool is None and s.phase(3) == "share" and s.phase(4) == "main"
 
-    msgs = send(3)
+    msgs = train_messages(s, 3, warm, grid)
     assert len(msgs) == 2 and {m.content["config"]["fedxds-phase"] for m in msgs} == {"share"}
     replies = [client_reply(cfg, m, i) for i, m in enumerate(msgs)]
     arrays, _ = s.aggregate_train(3, replies)
     assert arrays is not None and s.pool is not None and s.checkpoint_state()["share_round"] == 3
 
-    msgs = send(4)
+    msgs = train_messages(s, 4, warm, grid)
     assert {m.content["config"]["fedxds-phase"] for m in msgs} == {"main"}
     assert all("shared" in m.content for m in msgs)
     for m in msgs:  # fedxds-init = scratch: the first main round restarts from the initial weights

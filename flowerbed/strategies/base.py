@@ -311,18 +311,26 @@ class FlowerbedFedAvg(FedAvg):
         return metrics
 
     # ------------------------------------------------------------------ reply validation
+    def _destinations(self) -> dict[str, int]:
+        """The node each message of this round went to, by message id."""
+        return {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
+
+    def _sender(self, reply: Message, destinations: dict[str, int]) -> tuple[int, int]:
+        """(node, partition) a reply answers for: where its message went (``_destinations``)."""
+        node = destinations.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+        return node, self.partition_of.get(node, -1)
+
     def _check_and_log_replies(self, replies: Iterable[Message], is_train: bool,
                                validate: bool = True) -> tuple[list[Message], list[Message]]:
         """Keep only usable replies, sorted by partition id; log each rejected one by client."""
         replies = list(replies)
-        dst_of = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
+        destinations = self._destinations()
         answered = {r.metadata.reply_to_message_id for r in replies}
         valid: list[tuple[int, Message]] = []
         rejected: list[Message] = []
         phase = "train" if is_train else "evaluate"
         for reply in replies:
-            node = dst_of.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
-            pid = self.partition_of.get(node, -1)
+            node, pid = self._sender(reply, destinations)
             if not reply.has_error():
                 if is_train:
                     self.round.bytes_up += record_bytes(reply.content)

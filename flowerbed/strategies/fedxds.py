@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from flowerbed.datasets.loading import IMAGE_SHAPES
@@ -54,8 +54,11 @@ class FedXDSStrategy(FlowerbedFedAvg):
                 "fedxds-epsilon-note": "Gaussian mechanism, one release, per unit L2 distance in "
                                        "normalised pixel space (fixed-mask argument; opacus RDP)"}
 
+    def _share_at(self) -> int:
+        return self.share_round or self.cfg.fedxds_warmup_rounds
+
     def phase(self, server_round: int) -> str:
-        r = self.share_round or self.cfg.fedxds_warmup_rounds
+        r = self._share_at()
         return "warmup" if server_round < r else "share" if server_round == r else "main"
 
     def initial_arrays(self, model: torch.nn.Module | None) -> ArrayRecord:
@@ -66,7 +69,7 @@ class FedXDSStrategy(FlowerbedFedAvg):
                         grid: Grid) -> Iterable[Message]:
         phase = self.phase(server_round)
         config["fedxds-phase"] = phase
-        first_main = server_round == (self.share_round or self.cfg.fedxds_warmup_rounds) + 1
+        first_main = self.phase(server_round - 1) == "share"
         if first_main and self.cfg.fedxds_init == "scratch" and self._initial is not None:
             arrays = self._initial
         self._share_round = phase == "share"
@@ -102,32 +105,16 @@ class FedXDSStrategy(FlowerbedFedAvg):
             content = RecordDict({k: v for k, v in content.items() if k != SHARED})
         return super().check_arrays(content)
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        sharing = self._share_round
-        out = super().aggregate_train(server_round, replies)
-        if sharing and self.pool is None:
-            if server_round < self.cfg.num_server_rounds:
-                self.share_round = server_round + 1
-                log.warning("FedXDS: no valid shared samples in round %d; round %d asks every "
-                            "client to share again (one main round fewer)", server_round,
-                            server_round + 1)
-            else:
-                log.warning("FedXDS: no valid shared samples in the last round %d; the run ends "
-                            "without D_g", server_round)
-        return out
-
     def _released(self, replies: list[Message]) -> list[ArrayRecord]:
         """The valid uploads among ``replies``, in partition order, whatever else each reply holds."""
-        dst_of = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
+        destinations = self._destinations()
         parts = []
         for r in replies:
             if r.has_error():
                 continue
             shared = r.content.array_records.get(SHARED)
             if check_shared(shared, self.cfg.dataset) is None:
-                node = dst_of.get(r.metadata.reply_to_message_id, r.metadata.src_node_id)
-                parts.append((self.partition_of.get(node, -1), shared))
+                parts.append((self._sender(r, destinations)[1], shared))
         return [shared for _, shared in sorted(parts, key=lambda t: t[0])]
 
     def _check_and_log_replies(self, replies: Iterable[Message], is_train: bool,
@@ -155,6 +142,13 @@ class FedXDSStrategy(FlowerbedFedAvg):
                     "y": Array(np.concatenate([p["y"].numpy() for p in parts]))})
                 log.info("FedXDS: pooled %d shared samples from %d of %d clients into D_g",
                          len(self.pool["y"].numpy()), len(parts), len(self._sent))
+            elif (rnd := self._share_at()) < self.cfg.num_server_rounds:
+                self.share_round = rnd + 1
+                log.warning("FedXDS: no valid shared samples in round %d; round %d asks every "
+                            "client to share again (one main round fewer)", rnd, rnd + 1)
+            else:
+                log.warning("FedXDS: no valid shared samples in the last round %d; the run ends "
+                            "without D_g", rnd)
             self._share_round = False
         return valid, rejected
 
