@@ -112,6 +112,12 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
     return "resume"
 
 
+CLIENT_ACC = "final-client-accuracy"
+ACC_NOTE = ("final acc: the server's measure (the test set; the linear probe for self-supervised "
+            "methods; personalised accuracy for fedfew, ifca, fedrep, local, fedavg-ft). client "
+            "acc: every method on the clients' local test splits (personalised accuracy).")
+
+
 def _title(overrides: dict[str, Any], n: int) -> str:
     return (f"{overrides.get('dataset', 'fashion-mnist')}, {overrides.get('partition')}, "
             f"{n} clients, seed {overrides.get('seed', 0)}")
@@ -121,18 +127,24 @@ def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any]
     def pct(v: Any) -> str:
         return "-" if v is None else f"{100 * v:.2f}"
 
+    client = any(s.get(CLIENT_ACC) is not None for s in results.values())
     lines = [f"Same partitions and seed for every method: {_title(overrides, n)}, "
              f"{overrides.get('num-server-rounds')} rounds.", "",
-             "| method | final acc % | best acc % (round) | up MB/client/round | failures | wall s |",
-             "|---|---|---|---|---|---|"]
+             "| method | final acc % |" + (" client acc % |" if client else "")
+             + " best acc % (round) | up MB/client/round | failures | wall s |",
+             "|---|---|" + ("---|" if client else "") + "---|---|---|---|"]
     for m, s in results.items():
         if "error" in s:
-            lines.append(f"| {m} | failed | - | - | - | - |")
+            lines.append(f"| {m} | failed |" + (" - |" if client else "") + " - | - | - | - |")
             continue
         up = s.get("bytes-up-per-client-round")
-        lines.append(f"| {m} | {pct(s.get('final-accuracy'))} | {pct(s.get('best-accuracy'))} "
+        lines.append(f"| {m} | {pct(s.get('final-accuracy'))} |"
+                     + (f" {pct(s.get(CLIENT_ACC))} |" if client else "")
+                     + f" {pct(s.get('best-accuracy'))} "
                      f"({s.get('best-round')}) | {'-' if up is None else f'{up / 1e6:.2f}'} | "
                      f"{s.get('client-failures-total', 0)} | {s.get('wall-seconds', 0):.0f} |")
+    if client:
+        lines += ["", ACC_NOTE]
     return "\n".join(lines)
 
 
@@ -174,7 +186,7 @@ def seed_stats(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
     (failed seeds are listed and left out of the mean)."""
     ok = {s: r for s, r in by_seed.items() if "error" not in r}
     stats: dict[str, Any] = {"seeds-ok": sorted(ok), "seeds-failed": sorted(set(by_seed) - set(ok))}
-    for key in ("final-accuracy", "best-accuracy", "initial-accuracy"):
+    for key in ("final-accuracy", "best-accuracy", "initial-accuracy", CLIENT_ACC):
         vals = {s: r.get(key) for s, r in ok.items()}
         finite = [v for v in vals.values() if v is not None]
         stats[key] = vals
@@ -204,15 +216,20 @@ def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n
         return pct(st.get(f"{key}-mean")) + ("" if sd is None else f" ± {100 * sd:.2f}")
 
     title = _title(overrides, n).rsplit(",", 1)[0]
+    client = any(st.get(f"{CLIENT_ACC}-mean") is not None for st in summary.values())
     lines = [f"Same partitions and seed for every method within a seed: {title}, "
              f"{overrides.get('num-server-rounds')} rounds, seeds {', '.join(map(str, seeds))} "
              "(mean ± sample std over seeds).", "",
-             "| method | final acc % | per seed | best acc % | failed seeds |",
-             "|---|---|---|---|---|"]
+             "| method | final acc % | per seed |" + (" client acc % |" if client else "")
+             + " best acc % | failed seeds |",
+             "|---|---|---|" + ("---|" if client else "") + "---|---|"]
     for m, st in summary.items():
         by_seed = {str(s): v for s, v in st["final-accuracy"].items()}  # str keys once read back
         per = ", ".join(pct(by_seed.get(str(s))) for s in st["seeds-ok"]) or "-"
-        lines.append(f"| {m} | {mean_sd(st, 'final-accuracy')} | {per} | "
-                     f"{mean_sd(st, 'best-accuracy')} | "
+        lines.append(f"| {m} | {mean_sd(st, 'final-accuracy')} | {per} |"
+                     + (f" {mean_sd(st, CLIENT_ACC)} |" if client else "")
+                     + f" {mean_sd(st, 'best-accuracy')} | "
                      f"{', '.join(map(str, st['seeds-failed'])) or '-'} |")
+    if client:
+        lines += ["", ACC_NOTE]
     return "\n".join(lines)

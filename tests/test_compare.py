@@ -166,3 +166,22 @@ def test_compare_resume_keeps_finished_and_resumes_stopped(tmp_path, fake_engine
     cmp.compare(["scaffold"], {"seed": 0}, 2, out=tmp_path)  # fresh: the old run is moved aside
     assert calls["scaffold"] is None
     assert list(tmp_path.glob("scaffold.old-*"))
+
+
+def test_tables_put_every_method_on_the_clients_test_splits_too():
+    """FedFew's `final-accuracy` is personalised, FedAvg's the global model's on the test set: the
+    tables add the clients' measure for both (`client acc %`), and leave it out when no run has it."""
+    fedfew = {"final-accuracy": 0.70, "final-client-accuracy": 0.70, "best-accuracy": 0.71,
+              "best-round": 9}
+    fedavg = {"final-accuracy": 0.56, "final-client-accuracy": 0.57, "best-accuracy": 0.56,
+              "best-round": 10}
+    table = cmp.markdown_table({"fedfew": fedfew, "fedavg": fedavg, "x": {"error": "boom"}},
+                               {"num-server-rounds": 10}, 20)
+    assert "| method | final acc % | client acc % | best acc % (round) |" in table
+    assert "| fedavg | 56.00 | 57.00 | 56.00 (10) |" in table and "| x | failed | - | - |" in table
+    assert "client acc: every method on the clients' local test splits" in table
+    plain = cmp.markdown_table({"fedavg": {"final-accuracy": 0.5}}, {}, 2)
+    assert "client acc" not in plain and "| fedavg | 50.00 | - (None) |" in plain
+    summary = {"fedavg": cmp.seed_stats({0: fedavg, 1: {**fedavg, "final-client-accuracy": 0.59}})}
+    table = cmp.seeds_table(json.loads(json.dumps(summary)), {}, 20, [0, 1])
+    assert "| fedavg | 56.00 ± 0.00 | 56.00, 56.00 | 58.00 ± 1.41 | 56.00 ± 0.00 | - |" in table

@@ -35,6 +35,7 @@ def test_fedavg_end_to_end(superlink, tmp_path):
     assert set(last["per-client"]) == {"0", "1", "2"}
     assert 0 <= last["accuracy"] <= 1 and last["client-accuracy"] is not None
     assert s1["final-accuracy"] == last["accuracy"] > rows[0]["accuracy"]
+    assert s1["final-client-accuracy"] == last["client-accuracy"]
     for f in ("config.json", "metrics.jsonl", "summary.json", "accuracy.png", "model.pt"):
         assert (tmp_path / "a" / f).is_file()
     assert json.loads((tmp_path / "a" / "config.json").read_text())["num-partitions"] == 3
@@ -101,7 +102,10 @@ def test_compare_over_seeds_through_the_cli(tmp_path):
     res = json.loads((tmp_path / "results.json").read_text())["summary"]["fedavg"]
     mean = (runs[0]["final-accuracy"] + runs[1]["final-accuracy"]) / 2
     assert res["final-accuracy-mean"] == pytest.approx(mean)
-    assert "| fedavg | " in (tmp_path / "table.md").read_text() and (tmp_path / "accuracy.png").exists()
+    client = (runs[0]["final-client-accuracy"] + runs[1]["final-client-accuracy"]) / 2
+    assert res["final-client-accuracy-mean"] == pytest.approx(client)
+    table = (tmp_path / "table.md").read_text()
+    assert "| fedavg | " in table and "client acc %" in table and (tmp_path / "accuracy.png").exists()
 
 
 @pytest.mark.parametrize("kind", ["raise"])  # every kind x every method: tests/test_resume.py

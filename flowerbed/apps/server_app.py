@@ -143,10 +143,13 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
                             evaluate_fn=end_of_round, first_round=ckpt["round"] + 1 if ckpt else 1)
     rows = run_dir.rows
     final = next((r for r in reversed(rows) if r.get("accuracy") is not None), {})
+    final_client = next((r for r in reversed(rows) if r.get("client-accuracy") is not None), {})
     summary = {
         "method": cfg.method, "dataset": cfg.dataset, "partition": str(cfg.partition),
         "seed": cfg.seed, "num-clients": num_partitions, "rounds": cfg.num_server_rounds,
         "final-accuracy": final.get("accuracy"), "final-loss": final.get("loss"),
+        # the clients' local test splits (personalised accuracy): one column for every method
+        "final-client-accuracy": final_client.get("client-accuracy"),
         "best-accuracy": best["accuracy"], "best-round": best["round"],
         "initial-accuracy": rows[0].get("accuracy") if rows else None,
         "mean-accuracy": _mean([r.get("accuracy") for r in rows[1:]]),
