@@ -142,8 +142,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
                             train_config=ConfigRecord(), evaluate_config=ConfigRecord(),
                             evaluate_fn=end_of_round, first_round=ckpt["round"] + 1 if ckpt else 1)
     rows = run_dir.rows
-    final = next((r for r in reversed(rows) if r.get("accuracy") is not None), {})
-    final_client = next((r for r in reversed(rows) if r.get("client-accuracy") is not None), {})
+    final, final_client = _last_with(rows, "accuracy"), _last_with(rows, "client-accuracy")
     summary = {
         "method": cfg.method, "dataset": cfg.dataset, "partition": str(cfg.partition),
         "seed": cfg.seed, "num-clients": num_partitions, "rounds": cfg.num_server_rounds,
@@ -192,6 +191,11 @@ def fairness(accs: list[float]) -> dict[str, float]:
     return {"client-accuracy-min": float(a.min()), "client-accuracy-max": float(a.max()),
             "client-accuracy-std": float(a.std()),
             "jain-index": float(a.sum() ** 2 / (len(a) * sq)) if sq > 0 else 1.0}
+
+
+def _last_with(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The last round's row that has ``key`` (evaluation runs every ``eval-every`` rounds)."""
+    return next((r for r in reversed(rows) if r.get(key) is not None), {})
 
 
 def _mean(values: list[float | None]) -> float | None:
