@@ -21,7 +21,7 @@ from benchmarks.common import RESULTS, write_result
 from flowerbed.compare import compare, run_label
 from flowerbed.config import Config, defaults
 from flowerbed.pretrain import pretrained
-from flowerbed.results import plot_curves, read_metrics
+from flowerbed.results import md_table, pct, plot_curves, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 LO, HI = defaults()["fedade-lr-min"], defaults()["fedade-lr-max"]
@@ -91,8 +91,7 @@ def main() -> None:
         for shift, sched in settings:
             print("written:", plot_setting(args.runs, shift, sched))
         return
-    results, lines = {}, ["| shift | schedule | variant | online acc % | predict-then-update % | wall s |",
-                          "|---|---|---|---|---|---|"]
+    results, rows = {}, []
     # pre-train (or load) the starting model, one for every setting, first, so that a cold
     # cache's central training does not count in the wall time of the variant that runs first
     pretrained(Config.from_run_config({**base_config(*settings[0], args.steps, args.rounds_per_step),
@@ -106,9 +105,10 @@ def main() -> None:
         results[f"{shift}/{sched}"] = {n: res[v] for n, v in zip(NAMES, VARIANTS, strict=True)}
         for n in NAMES:
             r = results[f"{shift}/{sched}"][n]
-            lines.append(f"| {shift} | {sched} | {n} | {100 * r['mean-accuracy']:.2f} | "
-                         f"{100 * r['mean-pre-accuracy']:.2f} | {r['wall-seconds']:.0f} |")
-    table = "\n".join(lines)
+            rows.append([shift, sched, n, pct(r["mean-accuracy"]), pct(r["mean-pre-accuracy"]),
+                         f"{r['wall-seconds']:.0f}"])
+    table = "\n".join(md_table(["shift", "schedule", "variant", "online acc %",
+                                 "predict-then-update %", "wall s"], rows))
 
     def acc(key: str, n: str) -> float:
         return results[key][n]["mean-accuracy"]

@@ -22,7 +22,7 @@ from pathlib import Path
 from benchmarks.common import kept_splits, read_result, write_result
 from benchmarks.fedade import HI, LO, base_config, fixed
 from flowerbed.compare import compare, run_label
-from flowerbed.results import read_metrics
+from flowerbed.results import md_table, pct, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["Fed-ADE", "FixLR(low)", "FixLR(mid)", "FixLR(high)"]
@@ -40,9 +40,6 @@ def scaled(scale: float) -> tuple[list[str], dict[str, float]]:
 
 def render(results: dict[str, dict]) -> str:
     """The table, a row per "<shift>/<schedule> x<scale>" key, by setting and then scale."""
-    lines = ["| shift | schedule | pixels | bounds | Fed-ADE % | FixLR(low) % | FixLR(mid) % | "
-             "FixLR(high) % | Fed-ADE - FixLR(mid) pp | Fed-ADE mean lr |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
     order = ["label/lin", "label/ber", "covariate/lin"]  # the Fed-ADE benchmark's order
 
     def rank(kv: tuple[str, dict]) -> tuple:
@@ -50,15 +47,15 @@ def render(results: dict[str, dict]) -> str:
         return (order.index(setting) if setting in order else len(order), setting,
                 kv[1].get("pixels", "standardised"), kv[1]["bounds"])
 
+    rows = []
     for key, r in sorted(results.items(), key=rank):
         shift, sched = key.split()[0].split("/")
         (lo, hi), acc, lr = r["bounds"], r["mean-accuracy"], r["fedade-mean-lr"]
-        lines.append(f"| {shift} | {sched} | {r.get('pixels', 'standardised')} | "
-                     f"[{lo:.0e}, {hi:.0e}] | "
-                     + " | ".join(f"{100 * acc[n]:.2f}" for n in NAMES)
-                     + f" | {100 * (acc['Fed-ADE'] - acc['FixLR(mid)']):+.2f} | "
-                     + ("-" if lr is None else f"{lr:.1e}") + " |")
-    return "\n".join(lines)
+        rows.append([shift, sched, r.get("pixels", "standardised"), f"[{lo:.0e}, {hi:.0e}]",
+                     *(pct(acc[n]) for n in NAMES), f"{100 * (acc['Fed-ADE'] - acc['FixLR(mid)']):+.2f}",
+                     "-" if lr is None else f"{lr:.1e}"])
+    return "\n".join(md_table(["shift", "schedule", "pixels", "bounds", *(f"{n} %" for n in NAMES),
+                                "Fed-ADE - FixLR(mid) pp", "Fed-ADE mean lr"], rows))
 
 
 def main() -> None:

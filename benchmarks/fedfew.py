@@ -26,7 +26,7 @@ from pathlib import Path
 
 from benchmarks.common import RESULTS, kept_splits, merged_rows, write_result
 from flowerbed.compare import compare, run_label
-from flowerbed.results import read_metrics
+from flowerbed.results import md_table, pct, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 OPT_IN = {"fedfew@fedfew-distinct-init=true": "fedfew (distinct init)",  # reported alongside
@@ -76,22 +76,17 @@ def main() -> None:
                             "results": results})
 
 
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:.2f}"
-
-
 def render(results: dict[str, dict], configs: dict[str, dict]) -> tuple[str, dict[str, bool | None]]:
     """The README table and the target checks from the per-split rows."""
-    rows = ["| split | rounds | method | personalised acc % | min client % | std | Jain | "
-            "up MB/client/round |", "|---|---|---|---|---|---|---|---|"]
+    rows = []
     for split in (s for s in SPLITS if s in results):
         for m in METHODS:
             r = results[split].get(m, dict.fromkeys(KEYS))
-            n = configs[split]["num-server-rounds"]
-            rows.append(f"| {split} | {n} | {m} | {_pct(r['client-accuracy'])} | "
-                        f"{_pct(r['client-accuracy-min'])} | {_num(r['client-accuracy-std'])} | "
-                        f"{_num(r['jain-index'])} | {_mb(r.get(UP))} |")
-    table = "\n".join(rows)
+            rows.append([split, str(configs[split]["num-server-rounds"]), m,
+                         pct(r["client-accuracy"]), pct(r["client-accuracy-min"]),
+                         _num(r["client-accuracy-std"]), _num(r["jain-index"]), _mb(r.get(UP))])
+    table = "\n".join(md_table(["split", "rounds", "method", "personalised acc %", "min client %",
+                                 "std", "Jain", "up MB/client/round"], rows))
 
     def acc(split: str, m: str) -> float | None:
         return results.get(split, {}).get(m, {}).get("client-accuracy")

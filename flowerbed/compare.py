@@ -6,11 +6,12 @@ import json
 import logging
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from flowerbed import engine
-from flowerbed.results import plot_curves, read_metrics
+from flowerbed.results import md_table, pct, plot_curves, read_metrics
 
 log = logging.getLogger("flowerbed")
 
@@ -124,28 +125,21 @@ def _title(overrides: dict[str, Any], n: int) -> str:
 
 
 def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any], n: int) -> str:
-    def pct(v: Any) -> str:
-        return "-" if v is None else f"{100 * v:.2f}"
-
     client = any(s.get(CLIENT_ACC) is not None for s in results.values())
+    cols: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("final acc %", lambda s: pct(s.get("final-accuracy"))),
+        *([("client acc %", lambda s: pct(s.get(CLIENT_ACC)))] if client else []),
+        ("best acc % (round)", lambda s: f"{pct(s.get('best-accuracy'))} ({s.get('best-round')})"),
+        ("up MB/client/round", lambda s: "-" if s.get("bytes-up-per-client-round") is None
+         else f"{s['bytes-up-per-client-round'] / 1e6:.2f}"),
+        ("failures", lambda s: str(s.get("client-failures-total", 0))),
+        ("wall s", lambda s: f"{s.get('wall-seconds', 0):.0f}")]
+    rows = [[m, *(["failed", *["-"] * (len(cols) - 1)] if "error" in s
+                  else [cell(s) for _, cell in cols])] for m, s in results.items()]
     lines = [f"Same partitions and seed for every method: {_title(overrides, n)}, "
              f"{overrides.get('num-server-rounds')} rounds.", "",
-             "| method | final acc % |" + (" client acc % |" if client else "")
-             + " best acc % (round) | up MB/client/round | failures | wall s |",
-             "|---|---|" + ("---|" if client else "") + "---|---|---|---|"]
-    for m, s in results.items():
-        if "error" in s:
-            lines.append(f"| {m} | failed |" + (" - |" if client else "") + " - | - | - | - |")
-            continue
-        up = s.get("bytes-up-per-client-round")
-        lines.append(f"| {m} | {pct(s.get('final-accuracy'))} |"
-                     + (f" {pct(s.get(CLIENT_ACC))} |" if client else "")
-                     + f" {pct(s.get('best-accuracy'))} "
-                     f"({s.get('best-round')}) | {'-' if up is None else f'{up / 1e6:.2f}'} | "
-                     f"{s.get('client-failures-total', 0)} | {s.get('wall-seconds', 0):.0f} |")
-    if client:
-        lines += ["", ACC_NOTE]
-    return "\n".join(lines)
+             *md_table(["method", *(h for h, _ in cols)], rows)]
+    return "\n".join(lines + (["", ACC_NOTE] if client else []))
 
 
 def compare_seeds(methods: list[str], overrides: dict[str, Any], seeds: list[int],
@@ -208,28 +202,25 @@ def mean_curve(runs: list[list[dict[str, Any]]], key: str = "accuracy") -> list[
 
 def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n: int,
                 seeds: list[int]) -> str:
-    def pct(v: Any) -> str:
-        return "-" if v is None else f"{100 * v:.2f}"
-
     def mean_sd(st: dict[str, Any], key: str) -> str:
         sd = st.get(f"{key}-std")
         return pct(st.get(f"{key}-mean")) + ("" if sd is None else f" ± {100 * sd:.2f}")
 
-    title = _title(overrides, n).rsplit(",", 1)[0]
+    def per_seed(st: dict[str, Any]) -> str:
+        by_seed = {str(s): v for s, v in st["final-accuracy"].items()}  # str keys once read back
+        return ", ".join(pct(by_seed.get(str(s))) for s in st["seeds-ok"]) or "-"
+
     client = any(st.get(f"{CLIENT_ACC}-mean") is not None for st in summary.values())
+    cols: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("final acc %", lambda st: mean_sd(st, "final-accuracy")),
+        ("per seed", per_seed),
+        *([("client acc %", lambda st: mean_sd(st, CLIENT_ACC))] if client else []),
+        ("best acc %", lambda st: mean_sd(st, "best-accuracy")),
+        ("failed seeds", lambda st: ", ".join(map(str, st["seeds-failed"])) or "-")]
+    title = _title(overrides, n).rsplit(",", 1)[0]
     lines = [f"Same partitions and seed for every method within a seed: {title}, "
              f"{overrides.get('num-server-rounds')} rounds, seeds {', '.join(map(str, seeds))} "
              "(mean ± sample std over seeds).", "",
-             "| method | final acc % | per seed |" + (" client acc % |" if client else "")
-             + " best acc % | failed seeds |",
-             "|---|---|---|" + ("---|" if client else "") + "---|---|"]
-    for m, st in summary.items():
-        by_seed = {str(s): v for s, v in st["final-accuracy"].items()}  # str keys once read back
-        per = ", ".join(pct(by_seed.get(str(s))) for s in st["seeds-ok"]) or "-"
-        lines.append(f"| {m} | {mean_sd(st, 'final-accuracy')} | {per} |"
-                     + (f" {mean_sd(st, CLIENT_ACC)} |" if client else "")
-                     + f" {mean_sd(st, 'best-accuracy')} | "
-                     f"{', '.join(map(str, st['seeds-failed'])) or '-'} |")
-    if client:
-        lines += ["", ACC_NOTE]
-    return "\n".join(lines)
+             *md_table(["method", *(h for h, _ in cols)],
+                       [[m, *(cell(st) for _, cell in cols)] for m, st in summary.items()])]
+    return "\n".join(lines + (["", ACC_NOTE] if client else []))

@@ -117,6 +117,17 @@ class RunDir:
         return summary
 
 
+def pct(v: float | None) -> str:
+    """A fraction as a table cell: a percentage with two decimals, "-" when missing."""
+    return "-" if v is None else f"{100 * v:.2f}"
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A markdown table's lines: the header, its rule, one line per row of cells."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(r) + " |" for r in rows)]
+
+
 def progress_line(row: dict[str, Any]) -> str:
     def f(key: str, fmt: str) -> str:
         v = row.get(key)
