@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 METHODS = ("lrp", "ig", "ixg", "smoothgrad")
+LRP_FIRST = ("flat", "alpha1beta0")  # LRP's rule on the first layer: the paper's composite | α1β0
 
 
 def _flat_rule():
@@ -43,12 +44,14 @@ def _flat_rule():
     return FlatRule(epsilon=1e-9)
 
 
-def _set_lrp_rules(model: nn.Module) -> None:
+def _set_lrp_rules(model: nn.Module, first_rule: str = "flat") -> None:
+    """The composite's rules on ``model``'s layers; ``first_rule='alpha1beta0'`` gives the first
+    layer α1β0 like the other convolutions (on signed, normalised pixels)."""
     from captum.attr._utils.lrp_rules import Alpha1_Beta0_Rule, EpsilonRule, IdentityRule
 
     first = next(m for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear))
     for m in model.modules():
-        if m is first:
+        if m is first and first_rule == "flat":
             m.rule = _flat_rule()
         elif isinstance(m, nn.Conv2d):
             m.rule = Alpha1_Beta0_Rule()
@@ -59,10 +62,14 @@ def _set_lrp_rules(model: nn.Module) -> None:
 
 
 def attribute(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str = "lrp",
-              batch_size: int = 256) -> torch.Tensor:
-    """Relevance of each input element for the true-class logit, summed over channels: [N, H, W]."""
+              batch_size: int = 256, lrp_first: str = "flat") -> torch.Tensor:
+    """Relevance of each input element for the true-class logit, summed over channels: [N, H, W].
+    ``lrp_first``: LRP's rule on the first layer (``flat``, the paper's composite, or
+    ``alpha1beta0``)."""
     if method not in METHODS:
         raise ValueError(f"unknown attribution method '{method}'; known: {', '.join(METHODS)}")
+    if lrp_first not in LRP_FIRST:
+        raise ValueError(f"unknown LRP first-layer rule '{lrp_first}'; known: {', '.join(LRP_FIRST)}")
     # captum imported here, not at module level: only FedXDS clients need it, and every deployed
     # ClientApp process (one per message) would pay its import time
     from captum.attr import LRP, InputXGradient, IntegratedGradients, NoiseTunnel, Saliency
@@ -83,7 +90,7 @@ def attribute(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str = 
         if method == "lrp":
             # captum's LRP.attribute removes every layer's rule when it returns (its defaults, the
             # ε-rule, would take over in the next batch), so the rules are set for each batch
-            _set_lrp_rules(model)
+            _set_lrp_rules(model, lrp_first)
         if method == "ig":
             a = explainer.attribute(xb, target=yb, n_steps=16)
         elif method == "smoothgrad":

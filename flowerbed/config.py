@@ -149,6 +149,7 @@ class Config:
     fedfew_eval: str
     fedxds_warmup_rounds: int
     fedxds_attribution: str
+    fedxds_lrp_first: str
     fedxds_sparsity: float
     fedxds_mask: str
     fedxds_clip: float
@@ -259,6 +260,8 @@ class Config:
                 raise ConfigError(key, v, "must be in [0, 1)")
         if self.fedxds_attribution not in ("lrp", "ig", "ixg", "smoothgrad"):
             raise ConfigError("fedxds-attribution", self.fedxds_attribution, "use lrp, ig, ixg or smoothgrad")
+        if self.fedxds_lrp_first not in ("flat", "alpha1beta0"):
+            raise ConfigError("fedxds-lrp-first", self.fedxds_lrp_first, "use flat or alpha1beta0")
         if self.fedxds_mask not in ("binary", "soft", "none"):
             raise ConfigError("fedxds-mask", self.fedxds_mask, "use binary, soft or none")
         if self.fedxds_init not in ("scratch", "warmup"):

@@ -113,6 +113,22 @@ def test_lrp_first_layer_uses_the_flat_rule(model_name):
     assert torch.allclose(got.sum((1, 2)), r_out.sum((1, 2, 3)), atol=1e-6)  # flat conserves
 
 
+def test_lrp_first_layer_rule_by_flag():
+    """``fedxds-lrp-first='alpha1beta0'`` gives the first layer α1β0 like the other
+    convolutions: another map than the flat rule's, and still LRP (not Input×Gradient)."""
+    torch.manual_seed(0)
+    model = build_model("cnn", 1, 10, 28)
+    x, y = torch.randn(2, 1, 28, 28), torch.tensor([0, 1])
+    ab = attribute(model, x, y, "lrp", lrp_first="alpha1beta0")
+    assert torch.isfinite(ab).all() and ab.abs().sum() > 0
+    assert not torch.allclose(ab, attribute(model, x, y, "lrp"), atol=1e-3)
+    assert not torch.allclose(ab, attribute(model, x, y, "ixg"), atol=1e-3)
+    with pytest.raises(ValueError, match="first-layer rule 'gamma'"):
+        attribute(model, x, y, "lrp", lrp_first="gamma")
+    with pytest.raises(ConfigError, match="fedxds-lrp-first"):
+        Config.from_run_config({"fedxds-lrp-first": "gamma"})
+
+
 def test_lrp_is_not_input_times_gradient():
     torch.manual_seed(0)
     model = build_model("cnn", 1, 10, 28)

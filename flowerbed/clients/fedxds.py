@@ -37,8 +37,11 @@ class FedXDSClient(Client):
         idx = np.sort(rng.permutation(len(data))[:n])
         x = data.normalise(data.x[idx].to(self.device))
         y = data.y[idx].to(self.device)
-        heat = attribute(model, x, y, cfg.fedxds_attribution).cpu() if cfg.fedxds_mask != "none" \
-            else torch.zeros(len(idx), *x.shape[2:])
+        if cfg.fedxds_mask == "none":  # the unmasked baseline: no attribution
+            heat = torch.zeros(len(idx), *x.shape[2:])
+        else:
+            heat = attribute(model, x, y, cfg.fedxds_attribution,
+                             lrp_first=cfg.fedxds_lrp_first).cpu()
         gen = seeded_generator(cfg.seed, self.partition_id, rnd, 31337)
         out = privatise(x.detach().cpu(), heat, sparsity=cfg.fedxds_sparsity,
                         mask_kind=cfg.fedxds_mask, clip=cfg.fedxds_clip, sigma=self.sigma(),
