@@ -155,3 +155,49 @@ def test_a_round_without_evaluation_counts_no_failures(cfg):
     s.aggregate_train(1, [reply(m, content(1.0, 5)) for m in msgs])
     assert s.aggregate_evaluate(1, []) is None
     assert s.round.failed == []
+
+
+def test_a_metric_of_another_shape_is_refused_not_a_crash(cfg):
+    """A metric that is a list in one reply and a number (or a list of another length) in the
+    others made Flower's metric average raise after the round had trained."""
+    s = FedAvgStrategy(cfg)
+    msgs = prepared(s, [101, 102, 103, 104])
+    odd = content(5.0, 10)
+    odd["metrics"]["train-loss"] = [1.0, 2.0]
+    short = content(5.0, 10)
+    short["metrics"]["curve"] = [1.0]
+    reps = [reply(msgs[0], content(1.0, 10)), reply(msgs[1], odd), reply(msgs[2], content(3.0, 10)),
+            reply(msgs[3], short)]
+    for r in (reps[0], reps[2]):
+        r.content["metrics"]["curve"] = [1.0, 2.0]
+    out, metrics = s.aggregate_train(1, reps)
+    assert np.allclose(out["w"].numpy(), 2.0)  # partitions 0 and 2
+    failed = {f["partition"]: f["reason"] for f in s.round.failed}
+    assert failed == {1: "metric 'train-loss' is a list of 2 values where the other replies have "
+                         "a number",
+                      3: "metric 'curve' is a list of 1 values where the other replies have a "
+                         "list of 2 values"}
+    assert metrics["curve"] == [1.0, 2.0] and s.round.ok == [0, 2] and set(s.round.clients) == {0, 2}
+
+
+def test_a_metric_some_replies_lack_is_averaged_over_those_that_report_it(cfg):
+    s = FedAvgStrategy(cfg)
+    msgs = prepared(s, [101, 102])
+    bare = RecordDict({"arrays": arrays(1.0), "metrics": MetricRecord({"num-examples": 30})})
+    _, metrics = s.aggregate_train(1, [reply(msgs[0], content(1.0, 10)), reply(msgs[1], bare)])
+    assert metrics["train-loss"] == pytest.approx(1.0)  # not 10/40 of it
+
+
+def test_float64_or_overweighted_replies_are_refused(cfg):
+    """Finite float64 values can overflow a float32 model once averaged in; a sample count of
+    1e300 overflows the total weight (the aggregate came out all zeros)."""
+    s = FedAvgStrategy(cfg)
+    msgs = prepared(s, [101, 102, 103])
+    wide = RecordDict({"arrays": ArrayRecord({k: Array(np.full(sh, 1e300)) for k, sh in SHAPES.items()}),
+                       "metrics": MetricRecord({"num-examples": 10, "train-loss": 1.0})})
+    out, _ = s.aggregate_train(1, [reply(msgs[0], content(1.0, 10)), reply(msgs[1], wide),
+                                   reply(msgs[2], content(2.0, 1e300))])
+    assert np.allclose(out["w"].numpy(), 1.0)
+    failed = {f["partition"]: f["reason"] for f in s.round.failed}
+    assert "dtype float64, expected float32" in failed[1]
+    assert "not a plausible sample count" in failed[2]

@@ -34,6 +34,7 @@ from flowerbed.training import evaluate, is_finite, load_record, to_record
 log = logging.getLogger("flowerbed")
 
 WHOAMI = "query.whoami"
+MAX_EXAMPLES = 1e12  # a reply's sample count above this is refused (weights would overflow)
 
 
 def record_bytes(content: RecordDict) -> int:
@@ -44,6 +45,34 @@ def record_bytes(content: RecordDict) -> int:
 def metric_record(content: RecordDict) -> MetricRecord:
     """The (single, validated) MetricRecord of a reply's content."""
     return next(iter(content.metric_records.values()))
+
+
+def aggregate_metrics(records: list[RecordDict], weight_key: str) -> MetricRecord:
+    """Each metric's ``weight_key``-weighted mean over the replies that report it (Flower's
+    ``aggregate_metricrecords`` divides by every reply's weight, so a reply without a metric
+    pulls that metric towards 0); a metric whose replies weigh 0 in all is left out."""
+    sums: dict[str, Any] = {}
+    totals: dict[str, float] = {}
+    for record in records:
+        mr = metric_record(record)
+        w = float(mr[weight_key])
+        for key, value in mr.items():
+            if key == weight_key:
+                continue
+            v = np.asarray(value, dtype=np.float64) * w
+            sums[key] = v if key not in sums else sums[key] + v
+            totals[key] = totals.get(key, 0.0) + w
+    out = MetricRecord()
+    for key, total in totals.items():
+        if total > 0:
+            mean = sums[key] / total
+            out[key] = [float(x) for x in mean] if mean.ndim else float(mean)
+    return out
+
+
+def metric_kind(value: Any) -> str:
+    """A metric's shape, for comparing replies: "a number" or "a list of n values"."""
+    return f"a list of {len(value)} values" if isinstance(value, list) else "a number"
 
 
 def short_reason(reason: str) -> str:
@@ -88,7 +117,9 @@ class FlowerbedFedAvg(FedAvg):
         kwargs = dict(fraction_train=self.cfg.fraction_train,
                       fraction_evaluate=self.cfg.fraction_evaluate,
                       min_train_nodes=self.cfg.min_clients, min_evaluate_nodes=1,
-                      min_available_nodes=self.cfg.min_clients)
+                      min_available_nodes=self.cfg.min_clients,
+                      train_metrics_aggr_fn=aggregate_metrics,
+                      evaluate_metrics_aggr_fn=aggregate_metrics)
         kwargs.update(fedavg_kwargs)
         super().__init__(**kwargs)
         self.node_of: dict[int, int] = {}       # partition id -> node id
@@ -342,10 +373,6 @@ class FlowerbedFedAvg(FedAvg):
                 rejected.append(reply)
                 continue
             valid.append((pid, reply))
-            metrics = dict(metric_record(reply.content))
-            self.round.clients.setdefault(pid, {}).update(
-                {f"{phase}-{k}" if k != "num-examples" else f"{phase}-examples": v
-                 for k, v in metrics.items()})
         phase_type = MessageType.TRAIN if is_train else MessageType.EVALUATE
         for msg in self._sent:  # only this phase's messages can be missing from this phase
             if not msg.metadata.message_type.startswith(phase_type):
@@ -354,6 +381,16 @@ class FlowerbedFedAvg(FedAvg):
                 node = msg.metadata.dst_node_id
                 self._fail(self.partition_of.get(node, -1), node, phase, "no reply before timeout")
         valid.sort(key=lambda t: t[0])
+        mismatched = self._mismatched_metrics([r for _, r in valid])
+        for i, problem in mismatched.items():
+            pid, r = valid[i]
+            self._fail(pid, self._sender(r, destinations)[0], phase, problem)
+            rejected.append(r)
+        valid = [v for i, v in enumerate(valid) if i not in mismatched]
+        for pid, r in valid:
+            self.round.clients.setdefault(pid, {}).update(
+                {f"{phase}-{k}" if k != "num-examples" else f"{phase}-examples": v
+                 for k, v in metric_record(r.content).items()})
         if is_train:
             self.round.ok = [pid for pid, _ in valid]
             if len(valid) < self.cfg.min_clients:
@@ -362,6 +399,24 @@ class FlowerbedFedAvg(FedAvg):
                 self.round.skipped = True
                 return [], rejected
         return [r for _, r in valid], rejected
+
+    @staticmethod
+    def _mismatched_metrics(replies: list[Message]) -> dict[int, str]:
+        """Replies (by index) whose metric is a number where most replies have a list, or a list
+        of another length: averaging them would fail. Ties go to the lowest partition."""
+        kinds: dict[str, list[str]] = {}
+        for r in replies:
+            for k, v in metric_record(r.content).items():
+                kinds.setdefault(k, []).append(metric_kind(v))
+        usual = {k: max(dict.fromkeys(v), key=v.count) for k, v in kinds.items()}
+        out: dict[int, str] = {}
+        for i, r in enumerate(replies):
+            for k, v in metric_record(r.content).items():
+                if metric_kind(v) != usual[k]:
+                    out[i] = (f"metric '{k}' is {metric_kind(v)} where the other replies "
+                              f"have {usual[k]}")
+                    break
+        return out
 
     def _fail(self, pid: int, node: int, phase: str, problem: str) -> None:
         log.warning("client partition %d (node %d) left out of %s: %s", pid, node, phase, problem)
@@ -383,6 +438,9 @@ class FlowerbedFedAvg(FedAvg):
         if not isinstance(n, int | float) or not (n > 0 or (n == 0 and not is_train
                                                           and not self.evaluates_locally())):
             return f"metric '{self.weighted_by_key}' missing or not positive ({n!r})"
+        if n > MAX_EXAMPLES:
+            return (f"metric '{self.weighted_by_key}' = {n:g} is not a plausible sample count "
+                    f"(more than {MAX_EXAMPLES:g}); it would outweigh every other reply")
         for k, v in mrs[0].items():
             vals = v if isinstance(v, list) else [v]
             if not all(np.isfinite(vals)):
@@ -408,7 +466,8 @@ class FlowerbedFedAvg(FedAvg):
     @staticmethod
     def check_record(key: str, rec: ArrayRecord, reference: ArrayRecord | None,
                      subset: bool = False) -> str | None:
-        """``rec`` has ``reference``'s keys (or a subset) and shapes, and only finite values."""
+        """``rec`` has ``reference``'s keys (or a subset), shapes and dtypes, and only finite
+        values."""
         if reference is not None:
             if subset:
                 reference = ArrayRecord({k: reference[k] for k in rec if k in reference})
@@ -427,11 +486,14 @@ class FlowerbedFedAvg(FedAvg):
 
 
 def same_shapes(rec: ArrayRecord, ref: ArrayRecord) -> str | None:
-    """None when ``rec`` has exactly ``ref``'s keys and shapes, else what differs."""
+    """None when ``rec`` has exactly ``ref``'s keys, shapes and dtypes, else what differs (a
+    float64 reply to a float32 model could hold finite values that overflow it)."""
     if set(rec) != set(ref):
         missing, extra = sorted(set(ref) - set(rec)), sorted(set(rec) - set(ref))
         return f"keys differ (missing {missing[:3]}, unexpected {extra[:3]})"
     for k in ref:
         if tuple(rec[k].shape) != tuple(ref[k].shape):
             return f"'{k}' has shape {tuple(rec[k].shape)}, expected {tuple(ref[k].shape)}"
+        if rec[k].dtype != ref[k].dtype:
+            return f"'{k}' has dtype {rec[k].dtype}, expected {ref[k].dtype}"
     return None
