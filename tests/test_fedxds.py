@@ -263,3 +263,40 @@ def test_a_share_round_without_valid_uploads_is_repeated_in_the_next_round():
     for m in msgs:  # fedxds-init = scratch: the first main round restarts from the initial weights
         assert all(np.array_equal(m.content["arrays"][k].numpy(), v.numpy())
                    for k, v in initial.items())
+
+
+def test_shared_labels_must_be_class_indices():
+    """Labels outside the classes, or not integers, or an empty upload, are refused before they
+    reach D_g (where every client's cross-entropy would fail in every main round)."""
+    from flowerbed.strategies.fedxds import check_shared
+
+    def upload(y, n=None):
+        n = len(y) if n is None else n
+        return ArrayRecord({"x": Array(np.zeros((n, 1, 28, 28), np.float16)), "y": Array(np.asarray(y))})
+
+    assert check_shared(upload(np.array([0, 9], np.int64)), "fashion-mnist") is None
+    assert "outside 0..9" in check_shared(upload(np.array([99, 2], np.int64)), "fashion-mnist")
+    assert "outside 0..9" in check_shared(upload(np.array([-7, 2], np.int64)), "fashion-mnist")
+    assert "dtype float64" in check_shared(upload(np.array([1.0, 2.5])), "fashion-mnist")
+    assert check_shared(upload(np.zeros(0, np.int64)), "fashion-mnist") == "no shared samples"
+
+
+def test_a_skipped_first_main_round_still_restarts_from_the_initial_weights():
+    """fedxds-init = scratch: when the first main round has too few valid replies, the model
+    still moves to the initial weights, so the next round does not train the warm-up model."""
+    from flowerbed.strategies.fedxds import FedXDSStrategy
+
+    cfg = Config.from_run_config({**SMALL, "min-clients": 1, "fedxds-warmup-rounds": 1,
+                                  "num-server-rounds": 4})
+    s, grid = FedXDSStrategy(cfg), FakeGrid([101, 102])
+    prepared(s, grid.nodes)
+    initial = s.initial_arrays(make_model(cfg, train_set(cfg)))
+    warm = ArrayRecord({k: Array(v.numpy() + 1.0) for k, v in initial.items()})
+    msgs = train_messages(s, 1, warm, grid)
+    assert s.aggregate_train(1, [client_reply(cfg, m, i) for i, m in enumerate(msgs)])[0] is not None
+    msgs = train_messages(s, 2, warm, grid)  # the first main round: every client fails
+    arrays, _ = s.aggregate_train(2, [error_reply(m) for m in msgs])
+    assert arrays is initial
+    msgs = train_messages(s, 3, warm, grid)  # no second reset: round 3 sends what it is given
+    assert all(np.array_equal(m.content["arrays"][k].numpy(), warm[k].numpy())
+               for m in msgs for k in warm)

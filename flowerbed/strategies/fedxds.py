@@ -20,10 +20,10 @@ from collections.abc import Iterable
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from flowerbed.datasets.loading import IMAGE_SHAPES
+from flowerbed.datasets.loading import IMAGE_SHAPES, NUM_CLASSES
 from flowerbed.strategies.base import FlowerbedFedAvg, log, metric_record
 
 SHARED = "shared"   # ArrayRecord {"x": [n, C, H, W] float16, "y": [n] int64}
@@ -69,8 +69,7 @@ class FedXDSStrategy(FlowerbedFedAvg):
                         grid: Grid) -> Iterable[Message]:
         phase = self.phase(server_round)
         config["fedxds-phase"] = phase
-        first_main = self.phase(server_round - 1) == "share"
-        if first_main and self.cfg.fedxds_init == "scratch" and self._initial is not None:
+        if self._restarts(server_round):
             arrays = self._initial
         self._share_round = phase == "share"
         msgs = list(super().configure_train(server_round, arrays, config, grid))
@@ -89,6 +88,21 @@ class FedXDSStrategy(FlowerbedFedAvg):
                                dst_node_id=m.metadata.dst_node_id))
         self._sent = out
         return out
+
+    def _restarts(self, server_round: int) -> bool:
+        """Whether ``server_round`` is the first main round, which starts from the initial weights
+        (``fedxds-init='scratch'``)."""
+        return (self.phase(server_round - 1) == "share" and self.cfg.fedxds_init == "scratch"
+                and self._initial is not None)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is None and self._restarts(server_round):
+            # a skipped first main round still leaves the model where the main phase starts,
+            # not at the warm-up model the next round would otherwise train on
+            arrays = self._initial
+        return arrays, metrics
 
     def sample(self, grid: Grid, server_round: int, fraction: float, stream: int) -> list[int]:
         # every client uploads its share of D_g once (the paper: all clients share), whatever
@@ -124,8 +138,9 @@ class FedXDSStrategy(FlowerbedFedAvg):
         valid, rejected = super()._check_and_log_replies(replies, is_train, validate)
         if not is_train:
             return valid, rejected
+        destinations = self._destinations()
         for r in valid:
-            pid = self.partition_of.get(r.metadata.src_node_id, -1)
+            pid = self._sender(r, destinations)[1]
             if metric_record(r.content).get("has-pool") == 1:
                 self.has_pool.add(pid)
             else:  # e.g. a client restarted without its state: it gets D_g again next time
@@ -154,7 +169,8 @@ class FedXDSStrategy(FlowerbedFedAvg):
 
 
 def check_shared(shared: ArrayRecord | None, dataset: str) -> str | None:
-    """None when ``shared`` holds x [n, C, H, W] (the data set's image shape) and y [n], finite."""
+    """None when ``shared`` holds x [n, C, H, W] (the data set's image shape, n ≥ 1, finite) and
+    y [n], integer labels of the data set's classes."""
     if shared is None:
         return f"missing ArrayRecord '{SHARED}'"
     if set(shared) != {"x", "y"}:
@@ -162,8 +178,14 @@ def check_shared(shared: ArrayRecord | None, dataset: str) -> str | None:
     x, y = shared["x"].numpy(), shared["y"].numpy()
     if x.ndim != 4 or y.shape != (x.shape[0],):
         return f"shared samples have shapes {x.shape} and {y.shape}"
+    if not len(y):
+        return "no shared samples"
     if x.shape[1:] != IMAGE_SHAPES[dataset]:
         return f"shared images have shape {x.shape[1:]}, {dataset}'s are {IMAGE_SHAPES[dataset]}"
     if not np.isfinite(x.astype(np.float32)).all():
         return "shared samples hold NaN or inf values"
+    if y.dtype.kind not in "iu":
+        return f"shared labels have dtype {y.dtype}, expected integers"
+    if y.min() < 0 or y.max() >= NUM_CLASSES[dataset]:
+        return f"shared labels outside 0..{NUM_CLASSES[dataset] - 1} ({y.min()}..{y.max()})"
     return None
