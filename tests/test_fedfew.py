@@ -159,6 +159,31 @@ def test_fedrep_keeps_the_head_and_uploads_the_body():
     assert not np.allclose(head, full["fc2.weight"].numpy())  # the head trained locally
 
 
+def test_fedrep_refuses_a_body_that_is_not_the_whole_body():
+    """Each key is averaged over the replies that hold it with every reply's weight: a reply
+    without a body key, or with the head, would average it with too little weight."""
+    from flowerbed.strategies.fedrep import FedRepStrategy
+
+    s = FedRepStrategy(Config.from_run_config({"method": "fedrep", "min-clients": 1}))
+    msgs = prepared(s, [101, 102, 103, 104])
+    layer = {"conv1.weight": (2, 2), "fc2.weight": (2, 2)}  # fc2: the head
+    s._reference = ArrayRecord({k: Array(np.zeros(sh, np.float32)) for k, sh in layer.items()})
+
+    def body(**arrs):
+        return RecordDict({"arrays": ArrayRecord({k: Array(np.full((2, 2), v, np.float32))
+                                                  for k, v in arrs.items()}),
+                           "m": MetricRecord({"num-examples": 10})})
+
+    reps = [reply(msgs[0], body(**{"conv1.weight": 1.0})),
+            reply(msgs[1], body(**{"conv1.weight": 3.0, "fc2.weight": 5.0})),
+            reply(msgs[2], body()), reply(msgs[3], body(**{"conv1.weight": 3.0}))]
+    out, _ = s.aggregate_train(1, reps)
+    assert np.allclose(out["conv1.weight"].numpy(), 2.0)  # partitions 0 and 3
+    assert np.allclose(out["fc2.weight"].numpy(), 0.0)  # the server's head, untouched
+    failed = {f["partition"]: f["reason"] for f in s.round.failed}
+    assert "unexpected ['fc2.weight']" in failed[1] and "is empty" in failed[2]
+
+
 def test_scaffold_client_adopts_its_c_i_only_once_the_server_took_its_delta():
     """Regression: a client used to keep its new c_i even when the server refused the reply
     (timeout, validation), so c drifted from the mean of the c_i."""

@@ -104,7 +104,7 @@ class FlowerbedFedAvg(FedAvg):
     """Flower's FedAvg with flowerbed's sampling, validation and accounting (see module doc)."""
 
     #: ArrayRecords every training reply must carry, each compared with the sent model:
-    #: "exact" (same keys and shapes) or "subset" (a subset of its keys, same shapes).
+    #: "exact" (same keys, shapes, dtypes) or "subset" (the keys :meth:`subset_keys` names).
     reply_arrays: dict[str, str] = {"arrays": "exact"}
     #: attributes that hold server state beyond the loop's arrays; saved in every checkpoint
     #: (see :mod:`flowerbed.checkpoint`) and restored on resume
@@ -457,20 +457,27 @@ class FlowerbedFedAvg(FedAvg):
         for key, mode in self.reply_arrays.items():
             if key not in content.array_records:
                 return f"missing ArrayRecord '{key}'"
-            problem = self.check_record(key, content.array_records[key], self._reference,
-                                        subset=mode == "subset")
+            rec, ref = content.array_records[key], self._reference
+            if mode == "subset" and ref is not None:
+                keys = self.subset_keys(key, ref) or set(rec)  # unknown: the model's keys it holds
+                ref = ArrayRecord({k: v for k, v in ref.items() if k in keys})
+            problem = self.check_record(key, rec, ref)
             if problem:
                 return problem
         return None
 
+    def subset_keys(self, key: str, reference: ArrayRecord) -> set[str] | None:
+        """The keys of the sent model that a "subset" ArrayRecord ``key`` must hold, all of them
+        (a reply missing one would average it with too little weight); None: any of them."""
+        return None
+
     @staticmethod
-    def check_record(key: str, rec: ArrayRecord, reference: ArrayRecord | None,
-                     subset: bool = False) -> str | None:
-        """``rec`` has ``reference``'s keys (or a subset), shapes and dtypes, and only finite
+    def check_record(key: str, rec: ArrayRecord, reference: ArrayRecord | None) -> str | None:
+        """``rec`` is not empty and has ``reference``'s keys, shapes and dtypes, and only finite
         values."""
+        if not len(rec):
+            return f"ArrayRecord '{key}' is empty"
         if reference is not None:
-            if subset:
-                reference = ArrayRecord({k: reference[k] for k in rec if k in reference})
             problem = same_shapes(rec, reference)
             if problem:
                 return f"ArrayRecord '{key}': {problem}"

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
+from flowerbed.models import is_personal
 from flowerbed.pretrain import confusion, pools, pretrained
 from flowerbed.strategies.fedrep import FedRepStrategy
 from flowerbed.training import to_record
@@ -32,6 +33,9 @@ class FedADEStrategy(FedRepStrategy):
         self.bbse: ArrayRecord | None = None
         self._pretrained: ArrayRecord | None = None
         self._next_pre: float | None = None
+
+    def subset_keys(self, key: str, reference: ArrayRecord) -> set[str] | None:
+        return {k for k in reference if not is_personal(k)}  # the shared layers, all of them
 
     def step_of(self, server_round: int) -> tuple[int, int]:
         return divmod(server_round - 1, self.cfg.fedade_rounds_per_step)

@@ -10,11 +10,15 @@ from collections.abc import Iterable
 
 from flwr.app import ArrayRecord, Message
 
+from flowerbed.models import is_head
 from flowerbed.strategies.personal import PersonalStrategy
 
 
 class FedRepStrategy(PersonalStrategy):
     reply_arrays = {"arrays": "subset"}  # the body: a subset of the model's keys
+
+    def subset_keys(self, key: str, reference: ArrayRecord) -> set[str] | None:
+        return {k for k in reference if not is_head(k)}  # the whole body, never the head
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         body, metrics = super().aggregate_train(server_round, replies)

@@ -37,6 +37,11 @@ class ScaffoldStrategy(FlowerbedFedAvg):
         self.c: dict[str, np.ndarray] = {}
         self.accepted: dict[str, int] = {}
 
+    def subset_keys(self, key: str, reference: ArrayRecord) -> set[str] | None:
+        if key != CV_DELTA or self.model is None:
+            return None
+        return {k for k, _ in self.model.named_parameters()}  # Δc_i: every parameter, no buffer
+
     def train_content(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord
                       ) -> RecordDict:
         content = super().train_content(server_round, arrays, config)
