@@ -199,3 +199,16 @@ def test_raw_pixels_reach_the_model_and_pretrain_apart(tmp_path, monkeypatch):
     pretrain.pretrained(raw)
     pretrain.pretrained(std)
     assert len(list((tmp_path / "pretrained").glob("*.pt"))) == 2  # one model per input scale
+
+
+def test_prediction_counts_are_checked_before_they_are_pooled():
+    """A reply with 'pre-n' but no 'pre-correct' raised KeyError after aggregation, and clients
+    that made no predictions divided by zero."""
+    from flowerbed.strategies.fedade import counts_problem, pooled
+
+    assert counts_problem({"num-examples": 5}) is None
+    assert counts_problem({"pre-n": 10, "pre-correct": 7, "next-n": 0, "next-correct": 0}) is None
+    assert "'pre-correct' (None)" in counts_problem({"pre-n": 10})
+    assert "need 0 <= correct <= n" in counts_problem({"next-n": 3, "next-correct": 5})
+    assert pooled([{"train-pre-n": 0, "train-pre-correct": 0}], "train-pre") is None
+    assert pooled([{"train-pre-n": 4, "train-pre-correct": 1}, {"x": 1}], "train-pre") == 0.25

@@ -162,4 +162,23 @@ def test_server_warns_about_a_client_without_unknown(caplog):
     with caplog.at_level("WARNING", logger="flowerbed"):
         s.aggregate_train(4, [reply(s._sent[0], content(1.0)), reply(s._sent[1], content(10.0))])
     warned = [r.getMessage() for r in caplog.records if "majority class" in r.getMessage()]
-    assert len(warned) == 1 and "1 client(s) (nodes 6)" in warned[0] and "[round 4]" in warned[0]
+    assert len(warned) == 1 and "1 client(s) (partitions 1)" in warned[0] and "[round 4]" in warned[0]
+
+
+def test_a_refused_evaluation_reply_is_left_out_of_the_scores_too():
+    """A reply whose test-set predictions have the wrong shape used to leave the ensemble but
+    keep its accuracy in the averaged scores and the per-client statistics."""
+    s = two_client_strategy()
+    s._n_test = 4
+    s._sent = [sent(5, mtype="evaluate"), sent(6, mtype="evaluate")]
+    good = np.full((4, 11), 1 / 11, np.float32)
+
+    def content(p, acc):
+        return RecordDict({"test_predictions": ArrayRecord({"p": Array(p)}),
+                           "metrics": MetricRecord({"num-examples": 10, "accuracy": acc})})
+
+    metrics = s.aggregate_evaluate(1, [reply(s._sent[0], content(good, 0.2)),
+                                       reply(s._sent[1], content(good[:3], 1.0))])
+    assert metrics["accuracy"] == pytest.approx(0.2) and len(s._test_preds) == 1
+    assert set(s.round.clients) == {0} and [f["partition"] for f in s.round.failed] == [1]
+    assert "shape (3, 11)" in s.round.failed[0]["reason"]

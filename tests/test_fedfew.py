@@ -159,6 +159,28 @@ def test_fedrep_keeps_the_head_and_uploads_the_body():
     assert not np.allclose(head, full["fc2.weight"].numpy())  # the head trained locally
 
 
+def test_fedfew_local_scores_need_their_sample_count():
+    """fedfew-eval = local: a 'personal-accuracy' without a positive 'eval-examples' raised
+    KeyError (or made the round's accuracy NaN) after the models had been updated."""
+    cfg = Config.from_run_config({"method": "fedfew", "num-models": 1, "min-clients": 1,
+                                  "fedfew-eval": "local"})
+    s = FedFewStrategy(cfg)
+    msgs = prepared(s, [100, 101, 102])
+    s._models, s._reference = [rec(0.0)], rec(0.0)
+
+    def content(**m):
+        return RecordDict({"model.0": rec(1.0), "m": MetricRecord({"num-examples": 10,
+                                                                   "losses": [0.5], **m})})
+
+    scored = {"personal-accuracy": 0.5, "personal-loss": 1.0}
+    reps = [reply(msgs[0], content(**scored, **{"eval-examples": 4})),
+            reply(msgs[1], content(**scored)), reply(msgs[2], content(**scored, **{"eval-examples": 0}))]
+    s.aggregate_train(1, reps)
+    assert [f["partition"] for f in s.round.failed] == [1, 2]
+    assert "needs a positive 'eval-examples'" in s.round.failed[0]["reason"]
+    assert s.round.eval_metrics["accuracy"] == pytest.approx(0.5)
+
+
 def test_fedrep_refuses_a_body_that_is_not_the_whole_body():
     """Each key is averaged over the replies that hold it with every reply's weight: a reply
     without a body key, or with the head, would average it with too little weight."""

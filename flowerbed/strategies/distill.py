@@ -42,7 +42,7 @@ class DistillStrategy(FlowerbedFedAvg):
         """[clients, N, width] -> [N, C] soft targets (FedDF: the mean of the probabilities)."""
         return preds.mean(0)
 
-    def inspect(self, server_round: int, nodes: list[int], metrics: list) -> None:
+    def inspect(self, server_round: int, partitions: list[int], metrics: list) -> None:
         """Look at the valid replies' metrics (FedCC warns about degenerate clients)."""
 
     def ensemble_probs(self, preds: np.ndarray) -> np.ndarray:
@@ -75,11 +75,19 @@ class DistillStrategy(FlowerbedFedAvg):
         width = (self.num_classes or a.shape[-1] - self.extra_outputs) + self.extra_outputs
         if a.shape != (rows, width):
             return f"predictions have shape {a.shape}, expected {(rows, width)}"
-        if not np.isfinite(a).all():
-            return "predictions hold NaN or inf values"
+        if not np.isfinite(a.astype(np.float32)).all():  # (float64 values can overflow it)
+            return "predictions hold NaN or inf values, or values beyond float32's range"
         if self.probabilities and (a.min() < -1e-4 or abs(a.sum(1) - 1).max() > 1e-3):
             return "predictions are not probability vectors"
         return None
+
+    def check_reply(self, reply: Message, is_train: bool) -> str | None:
+        problem = super().check_reply(reply, is_train)
+        if problem or is_train:
+            return problem
+        rec = reply.content.array_records.get(TEST_PREDICTIONS)  # the ensemble's input
+        return (f"missing ArrayRecord '{TEST_PREDICTIONS}'" if rec is None
+                else self._check_matrix(rec, self._n_test))
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         valid, _ = self._check_and_log_replies(replies, is_train=True)
@@ -88,7 +96,7 @@ class DistillStrategy(FlowerbedFedAvg):
         preds = np.stack([r.content[PREDICTIONS]["p"].numpy().astype(np.float32) for r in valid])
         targets = self.combine(preds).astype(np.float32)
         client_metrics = [metric_record(r.content) for r in valid]
-        self.inspect(server_round, [r.metadata.src_node_id for r in valid], client_metrics)
+        self.inspect(server_round, self.round.ok, client_metrics)  # both in partition order
         metrics = self.train_metrics_aggr_fn([RecordDict({"m": m}) for m in client_metrics],
                                              self.weighted_by_key)
         self.round.train_metrics = dict(metrics)
@@ -106,16 +114,8 @@ class DistillStrategy(FlowerbedFedAvg):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
         valid, _ = self._check_and_log_replies(replies, is_train=False)
-        self._test_preds = []
-        for r in valid:
-            rec = r.content.array_records.get(TEST_PREDICTIONS)
-            problem = (f"missing ArrayRecord '{TEST_PREDICTIONS}'" if rec is None
-                       else self._check_matrix(rec, self._n_test))
-            if problem:
-                self._fail(self.partition_of.get(r.metadata.src_node_id, -1),
-                           r.metadata.src_node_id, "evaluate", problem)
-                continue
-            self._test_preds.append(rec["p"].numpy().astype(np.float32))
+        self._test_preds = [r.content[TEST_PREDICTIONS]["p"].numpy().astype(np.float32)
+                            for r in valid]
         metrics = None
         scored = [m for m in (metric_record(r.content) for r in valid)
                   if m[self.weighted_by_key] > 0]  # clients without a local test split: no scores

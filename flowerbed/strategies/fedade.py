@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from flowerbed.models import is_personal
 from flowerbed.pretrain import confusion, pools, pretrained
+from flowerbed.strategies.base import metric_record
 from flowerbed.strategies.fedrep import FedRepStrategy
 from flowerbed.training import to_record
 
@@ -65,6 +66,10 @@ class FedADEStrategy(FedRepStrategy):
             content["bbse"] = self.bbse
         return content
 
+    def check_reply(self, reply: Message, is_train: bool) -> str | None:
+        return (super().check_reply(reply, is_train)
+                or counts_problem(metric_record(reply.content)))
+
     def evaluates(self, server_round: int) -> bool:
         return server_round % self.cfg.fedade_rounds_per_step == 0
 
@@ -98,6 +103,19 @@ class FedADEStrategy(FedRepStrategy):
 
 
 def pooled(clients, prefix: str) -> float | None:
-    """Correct predictions over predictions, summed over the clients that reported them."""
+    """Correct predictions over predictions, summed over the clients that reported them (None
+    when none did, or they made no predictions)."""
     counts = [(v[f"{prefix}-correct"], v[f"{prefix}-n"]) for v in clients if f"{prefix}-n" in v]
-    return sum(c for c, _ in counts) / sum(n for _, n in counts) if counts else None
+    total = sum(n for _, n in counts)
+    return sum(c for c, _ in counts) / total if total > 0 else None
+
+
+def counts_problem(metrics) -> str | None:
+    """Why a reply's prediction counts (``pre-``/``next-correct`` and ``-n``) cannot be pooled."""
+    for p in ("pre", "next"):
+        n, c = metrics.get(f"{p}-n"), metrics.get(f"{p}-correct")
+        if n is None and c is None:
+            continue
+        if isinstance(n, list) or isinstance(c, list) or n is None or c is None or not 0 <= c <= n:
+            return f"metrics '{p}-correct' ({c!r}) and '{p}-n' ({n!r}) need 0 <= correct <= n"
+    return None

@@ -41,14 +41,14 @@ class FedCCStrategy(DistillStrategy):
     def combine(self, preds: np.ndarray) -> np.ndarray:
         return aggregate_fedcc(preds)
 
-    def inspect(self, server_round: int, nodes: list[int], metrics: list) -> None:
+    def inspect(self, server_round: int, partitions: list[int], metrics: list) -> None:
         """Warn when a client's probe bias covers every class (|C_J| = C, so w_u = 0 and α = 1):
         its pseudo-labels never say "unknown" and μ = 1 − p(unknown) lets it outvote the others
         (the ensemble collapse described in the README)."""
-        full = [n for n, m in zip(nodes, metrics, strict=True)
+        full = [p for p, m in zip(partitions, metrics, strict=True)
                 if m.get("fedcc-majority-classes", 0) >= self.num_classes]
         if full:
-            log.warning("[round %d] FedCC: %d client(s) (nodes %s) have every class as a majority "
+            log.warning("[round %d] FedCC: %d client(s) (partitions %s) have every class as a majority "
                         "class (w_u = 0): their pseudo-labels never say 'unknown'; a different "
                         "featureless probe (fedcc-probe-input) or more third-stage epochs "
                         "(fedcc-ssl-epochs) may help", server_round, len(full),

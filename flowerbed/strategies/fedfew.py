@@ -54,6 +54,11 @@ class FedFewStrategy(KModelStrategy):
         losses = mr.get("losses")
         if not isinstance(losses, list) or len(losses) != self.k:
             return f"metric 'losses' must be a list of {self.k} values, got {losses!r}"
+        if "personal-accuracy" in mr:  # fedfew-eval = local: scored on the local test split
+            n = mr.get("eval-examples")
+            if not isinstance(n, int | float) or n <= 0 or "personal-loss" not in mr:
+                return (f"metric 'personal-accuracy' needs a positive 'eval-examples' (got {n!r}) "
+                        "and 'personal-loss'")
         return super().check_arrays(content)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
@@ -98,8 +103,9 @@ class FedFewStrategy(KModelStrategy):
         n = np.array([m["eval-examples"] for m in mrs], dtype=np.float64)
         acc = np.array([m["personal-accuracy"] for m in mrs])
         loss = np.array([m["personal-loss"] for m in mrs])
+        destinations = self._destinations()
         for r, a in zip(valid, acc, strict=True):
-            pid = self.partition_of.get(r.metadata.src_node_id, -1)
+            pid = self._sender(r, destinations)[1]
             self.round.clients.setdefault(pid, {})["evaluate-accuracy"] = float(a)
         self.round.eval_metrics = {"accuracy": float((n * acc).sum() / n.sum()),
                                    "loss": float((n * loss).sum() / n.sum())}
