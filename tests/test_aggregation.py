@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from flowerbed.config import ConfigError
 from flowerbed.strategies.fedavg import FedAvgStrategy, FedProxStrategy
 from flowerbed.strategies.scaffold import ACCEPTED, CV_DELTA, ScaffoldStrategy
 from tests.conftest import FakeGrid, error_reply, reply
@@ -201,3 +202,39 @@ def test_float64_or_overweighted_replies_are_refused(cfg):
     failed = {f["partition"]: f["reason"] for f in s.round.failed}
     assert "dtype float64, expected float32" in failed[1]
     assert "not a plausible sample count" in failed[2]
+
+
+class WhoamiGrid(FakeGrid):
+    """Nodes that answer whoami with the given ``info`` records (None: no info at all)."""
+
+    def __init__(self, infos: dict[int, dict | None]) -> None:
+        super().__init__(list(infos))
+        self.infos = infos
+
+    def send_and_receive(self, messages, timeout=None):
+        from tests.conftest import sent
+        out = []
+        for m in messages:  # (a reply comes from the node its message went to)
+            info = self.infos[m.metadata.dst_node_id]
+            content = RecordDict() if info is None else RecordDict({"info": ConfigRecord(info)})
+            out.append(reply(sent(m.metadata.dst_node_id, mtype="query"), content))
+        return out
+
+
+def test_a_malformed_or_late_bad_node_is_ignored_not_fatal(cfg, caplog):
+    """A whoami reply without partition info used to raise KeyError; a node that joins a running
+    federation with another num-partitions is ignored (before round 1 it is a startup error)."""
+    good = {"partition-id": 0, "num-partitions": 2}
+    s = FedAvgStrategy(cfg)
+    grid = WhoamiGrid({1: good, 2: None, 3: {"partition-id": "x", "num-partitions": 2}})
+    with caplog.at_level("WARNING", logger="flowerbed"):
+        assert s.discover(grid) == 2
+    assert s.node_of == {0: 1} and s.ignored_nodes == {2, 3}
+    assert "node 2 ignored" in caplog.text and "node 3 ignored" in caplog.text
+    late = WhoamiGrid({1: good, 4: {"partition-id": 1, "num-partitions": 5}})
+    with pytest.raises(ConfigError, match="num-partitions"):
+        FedAvgStrategy(cfg).discover(late)  # before the rounds: the federation is misconfigured
+    s = FedAvgStrategy(cfg)
+    s.discover(WhoamiGrid({1: good}))
+    s.running = True
+    assert s.discover(late) == 2 and s.ignored_nodes == {4} and s.node_of == {0: 1}

@@ -126,6 +126,8 @@ class FlowerbedFedAvg(FedAvg):
         self.partition_of: dict[int, int] = {}  # node id -> partition id
         self.num_test: dict[int, int] = {}      # partition id -> its local test samples (whoami)
         self.num_partitions: int | None = None
+        self.ignored_nodes: set[int] = set()  # nodes whose whoami reply could not be used
+        self.running = False  # rounds have begun: a bad node is ignored, not a startup error
         self.round = RoundLog()
         self.model: torch.nn.Module | None = None  # the global model's network, set by the ServerApp
         self._sent: list[Message] = []
@@ -149,7 +151,7 @@ class FlowerbedFedAvg(FedAvg):
                 self.node_of.pop(pid, None)
                 self.round.lost.append(pid)
                 log.warning("partition %d (node %d) left the federation", pid, nid)
-            new = sorted(nodes - set(self.partition_of))
+            new = sorted(nodes - set(self.partition_of) - self.ignored_nodes)
             if new:
                 self._whoami(grid, new, timeout)
             n = self.num_partitions or 0
@@ -165,13 +167,28 @@ class FlowerbedFedAvg(FedAvg):
                 log.warning("node %s did not answer whoami: %s", reply.metadata.src_node_id,
                             short_reason(reply.error.reason))
                 continue
-            info = reply.content["info"]
-            pid, num = int(info["partition-id"]), int(info["num-partitions"])
+            node = reply.metadata.src_node_id
+            try:
+                info = reply.content["info"]
+                pid, num = int(info["partition-id"]), int(info["num-partitions"])
+                num_test = int(info.get("num-test", 1))
+            except (KeyError, TypeError, ValueError) as e:
+                log.warning("node %d ignored: its whoami reply has no valid partition-id and "
+                            "num-partitions (%s: %s)", node, type(e).__name__, e)
+                self.ignored_nodes.add(node)
+                continue
+            problem = None
             if self.num_partitions not in (None, num):
-                raise ConfigError("num-partitions", num, f"node {reply.metadata.src_node_id} "
-                                  f"disagrees with the other nodes ({self.num_partitions})")
-            if not 0 <= pid < num:
-                raise ConfigError("partition-id", pid, f"must be in [0, {num})")
+                problem = ConfigError("num-partitions", num, f"node {node} disagrees with the "
+                                      f"other nodes ({self.num_partitions})")
+            elif not 0 <= pid < num:
+                problem = ConfigError("partition-id", pid, f"must be in [0, {num}) (node {node})")
+            if problem and not self.running:  # a misconfigured federation: stop before round 1
+                raise problem
+            if problem:  # a node that joins a running federation: the run goes on without it
+                log.warning("node %d ignored: %s", node, problem)
+                self.ignored_nodes.add(node)
+                continue
             self.num_partitions = num
             old = self.node_of.get(pid)
             if old is not None and old != reply.metadata.src_node_id:
@@ -180,7 +197,7 @@ class FlowerbedFedAvg(FedAvg):
                 self.partition_of.pop(old, None)
             self.node_of[pid] = reply.metadata.src_node_id
             self.partition_of[reply.metadata.src_node_id] = pid
-            self.num_test[pid] = int(info.get("num-test", 1))
+            self.num_test[pid] = num_test
 
     def sample(self, grid: Grid, server_round: int, fraction: float, stream: int) -> list[int]:
         """Node ids of the sampled partitions, in partition order (deterministic per seed)."""
@@ -258,6 +275,7 @@ class FlowerbedFedAvg(FedAvg):
             if res is not None:
                 result.evaluate_metrics_serverapp[0] = res
         arrays = initial_arrays
+        self.running = True
         for rnd in range(first_round, num_rounds + 1):
             flog(INFO, "[ROUND %s/%s]", rnd, num_rounds)
             replies = grid.send_and_receive(
