@@ -301,3 +301,18 @@ def test_best_accuracy_is_over_trained_rounds(tmp_path, monkeypatch):
                         lambda self, rnd, *a: (1.0, accs[rnd]))
     s = run_inprocess(config(tmp_path, "fedavg", "best"), 2)
     assert (s["initial-accuracy"], s["best-accuracy"], s["best-round"]) == (0.9, 0.6, 2)
+
+
+def test_strategy_state_of_another_type_is_a_checkpoint_error():
+    """A SCAFFOLD checkpoint without 'c' used to set it to None (AttributeError later); one
+    whose 'c' is not a dict is a CheckpointError naming it."""
+    from flowerbed.checkpoint import CheckpointError
+    from flowerbed.strategies.scaffold import ScaffoldStrategy
+
+    s = ScaffoldStrategy(Config.from_run_config({"method": "scaffold"}))
+    s.restore_state({"accepted": None})  # older checkpoints: keep the fresh values
+    assert s.c == {} and s.accepted == {}
+    s.restore_state({"c": {"w": np.zeros(2, np.float32)}, "accepted": {"0": 3}})
+    assert set(s.c) == {"w"} and s.accepted == {"0": 3}
+    with pytest.raises(CheckpointError, match="state 'c' is a list, expected a dict"):
+        s.restore_state({"c": [1, 2]})

@@ -253,8 +253,19 @@ class FlowerbedFedAvg(FedAvg):
         return {a: getattr(self, a) for a in self.checkpoint_attrs}
 
     def restore_state(self, state: dict[str, Any]) -> None:
+        """The checkpoint's strategy state. An attribute it lacks or holds as None (saved before
+        it was kept) keeps its fresh value; one of another type than that value is a
+        CheckpointError."""
+        from flowerbed.checkpoint import CheckpointError
+
         for a in self.checkpoint_attrs:
-            setattr(self, a, state.get(a))
+            fresh, value = getattr(self, a), state.get(a)
+            if value is None and fresh is not None:
+                continue
+            if fresh is not None and not isinstance(value, type(fresh)):
+                raise CheckpointError(f"resume: the checkpoint's strategy state '{a}' is a "
+                                      f"{type(value).__name__}, expected a {type(fresh).__name__}")
+            setattr(self, a, value)
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
               timeout: float = 3600, train_config: ConfigRecord | None = None,

@@ -63,7 +63,6 @@ class ScaffoldStrategy(FlowerbedFedAvg):
                                         .astype(self._reference[k].numpy().dtype))
                                for k in avg})
         n_total = max(self.num_partitions or len(valid), len(valid))
-        self.accepted = self.accepted or {}  # (a checkpoint from before it was kept)
         for pid, r in zip(self.round.ok, valid, strict=True):  # both in partition order
             for k, arr in r.content[CV_DELTA].items():
                 d = arr.numpy().astype(np.float32) / n_total
