@@ -212,3 +212,17 @@ def test_prediction_counts_are_checked_before_they_are_pooled():
     assert "need 0 <= correct <= n" in counts_problem({"next-n": 3, "next-correct": 5})
     assert pooled([{"train-pre-n": 0, "train-pre-correct": 0}], "train-pre") is None
     assert pooled([{"train-pre-n": 4, "train-pre-correct": 1}, {"x": 1}], "train-pre") == 0.25
+
+
+def test_an_impossible_target_split_is_named_before_round_1():
+    """The label-shift targets split the post-deployment pool (20 % of the training set): too
+    small for the clients, it used to fail in every client at its first stream step, with a
+    hint to lower min-partition-size, which does not apply to it."""
+    from flowerbed.config import ConfigError
+    from flowerbed.strategies.fedade import FedADEStrategy
+
+    cfg = Config.from_run_config({"method": "fedade", "train-samples": 1500, "partition": "dirichlet:0.1",
+                                  "min-partition-size": 1, "num-server-rounds": 4})
+    with pytest.raises(ConfigError, match=r"post-deployment pool \(300 samples.*over 20 clients"):
+        FedADEStrategy(cfg).check_setup(20)
+    FedADEStrategy(cfg).check_setup(2)  # possible: no error

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import scipy.io
 
+from flowerbed.datasets.loading import DEBIAN_FASHION_MNIST as DEBIAN
 from flowerbed.datasets.loading import DataError, load_dataset, read_idx, write_idx
 
 rng = np.random.default_rng(0)
@@ -42,6 +43,9 @@ def test_truncated_idx_is_a_clear_error(tmp_path):
     p.write_bytes(p.read_bytes()[:-100])
     with pytest.raises(DataError, match="truncated"):
         read_idx(p)
+    (tmp_path / "short").write_bytes(b"\x00\x00\x08\x03\x00")  # cut inside its sizes
+    with pytest.raises(DataError, match="truncated inside its header"):
+        read_idx(tmp_path / "short")
     (tmp_path / "bad").write_bytes(b"\x01\x02\x03\x04rest")
     with pytest.raises(DataError, match="magic"):
         read_idx(tmp_path / "bad")
@@ -70,6 +74,27 @@ def test_cifar10_pickle_batches(tmp_path):
         train = load_dataset("cifar10", train=True, data_root=str(tmp_path))
     assert train.x.shape == (20, 3, 32, 32) and train.num_classes == 10
     assert len(load_dataset("cifar10", train=False, data_root=str(tmp_path))) == 6
+
+
+def test_truncated_cifar_batch_is_a_clear_error(tmp_path):
+    """A half-written batch (an interrupted download) raised a bare UnpicklingError."""
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        pickle.dump(_cifar_batch(4, "labels", 10), open(folder / name, "wb"), protocol=2)
+    (folder / "data_batch_3").write_bytes((folder / "data_batch_3").read_bytes()[:500])
+    with pytest.warns(UserWarning), pytest.raises(DataError, match="cannot read .*cifar-10-batches-py"):
+        load_dataset("cifar10", train=True, data_root=str(tmp_path))
+
+
+def test_mnist_from_fashion_mnist_files_is_refused(tmp_path):
+    """The two share file names and sizes: a flat folder of Fashion-MNIST's files loaded as
+    MNIST (e.g. a data-root meant for the other data set) is refused, by mean intensity."""
+    for f in DEBIAN.glob("t10k-*"):
+        (tmp_path / f.name).symlink_to(f)
+    with pytest.raises(DataError, match="looks like fashion-mnist"):
+        load_dataset("mnist", train=False, data_root=str(tmp_path))
+    assert len(load_dataset("fashion-mnist", train=False, data_root=str(tmp_path))) == 10000
 
 
 def test_cifar100_pickles(tmp_path):

@@ -82,3 +82,18 @@ def test_client_split_fraction_and_disjoint():
     assert set(tr.tolist()).isdisjoint(te.tolist()) and set(tr) | set(te) == set(idx)
     tr2, te2 = client_split(idx, 0.25, seed=0, partition_id=4)
     assert np.array_equal(te, te2)
+
+
+def test_a_split_that_leaves_classes_to_no_client_is_named(caplog):
+    """pathological:1 over 5 clients holds 5 of 10 classes: the rest is dropped silently by
+    flwr-datasets (its own warning names an option flowerbed does not expose)."""
+    from flowerbed.datasets.partition import warn_unheld
+
+    spec = parse_partition("pathological:1")
+    parts = partition_indices(LABELS, spec, 5, seed=0)
+    with caplog.at_level("WARNING", logger="flowerbed"):
+        warn_unheld(LABELS, parts, spec)
+    assert "classes [5, 6, 7, 8, 9] are held by none" in caplog.text
+    caplog.clear()
+    warn_unheld(LABELS, partition_indices(LABELS, spec, 10, seed=0), spec)
+    assert caplog.text == ""

@@ -15,6 +15,7 @@ from flwr.serverapp import Grid, ServerApp
 from flowerbed import checkpoint, client_state, faults
 from flowerbed.config import Config, ConfigError
 from flowerbed.datasets.federated import client_partitions, test_set, train_set
+from flowerbed.datasets.partition import warn_unheld
 from flowerbed.registry import METHODS
 from flowerbed.results import RunDir
 from flowerbed.strategies.base import WHOAMI
@@ -68,7 +69,9 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
                            f"(the '{WHOAMI}' message) within {cfg.round_timeout:.0f} s "
                            "(round-timeout); errors they replied are logged above. On a loaded "
                            "machine raise round-timeout.")
-    client_partitions(cfg, num_partitions)  # impossible splits stop here, before round 1
+    # impossible splits stop here, before round 1
+    warn_unheld(train.y.numpy(), client_partitions(cfg, num_partitions), cfg.partition)
+    strategy.check_setup(num_partitions)
     if num_partitions < cfg.min_clients:
         raise ConfigError("min-clients", cfg.min_clients,
                           f"larger than the number of clients ({num_partitions})")

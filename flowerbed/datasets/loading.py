@@ -130,6 +130,8 @@ def read_idx(path: Path) -> np.ndarray:
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
         raise DataError(f"{path} is not an unsigned-byte IDX file (bad magic number)")
     ndim = raw[3]
+    if len(raw) < 4 + 4 * ndim:
+        raise DataError(f"{path} is truncated inside its header ({len(raw)} bytes)")
     dims = np.frombuffer(raw, dtype=">u4", count=ndim, offset=4).astype(int)
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if data.size != int(np.prod(dims)):
@@ -169,15 +171,31 @@ def _load_idx_pair(name: str, train: bool, folders: list[Path]) -> tuple[torch.T
     for folder in folders:
         img, lbl = _find_idx(folder, img_stem), _find_idx(folder, lbl_stem)
         if img and lbl:
-            return torch.from_numpy(read_idx(img).copy()), torch.from_numpy(read_idx(lbl).astype(np.int64))
+            x = read_idx(img)
+            _check_idx_identity(name, x, img)
+            return torch.from_numpy(x.copy()), torch.from_numpy(read_idx(lbl).astype(np.int64))
     return None  # type: ignore[return-value]
+
+
+def _check_idx_identity(name: str, x: np.ndarray, path: Path) -> None:
+    """MNIST and Fashion-MNIST share file names and sizes; their full files differ in mean
+    intensity (0.131 and 0.286), so full-size files of the other one are refused. (Smaller
+    files, e.g. a subset, are not checked.)"""
+    if len(x) not in (60000, 10000):
+        return
+    other = "mnist" if name == "fashion-mnist" else "fashion-mnist"
+    mean, own, theirs = float(x.mean()) / 255, STATS[name][0][0], STATS[other][0][0]
+    if abs(mean - theirs) < abs(mean - own):
+        raise DataError(f"{name}: {path} looks like {other} (mean intensity {mean:.3f}; {name}'s "
+                        f"is {own}, {other}'s {theirs}); point data-root at {name}'s files "
+                        f"(or its torchvision folder)")
 
 
 def _torchvision_download(cls_name: str, root: Path, **kwargs) -> object:
     import torchvision.datasets as tvd
 
-    root.mkdir(parents=True, exist_ok=True)
     try:
+        root.mkdir(parents=True, exist_ok=True)
         return getattr(tvd, cls_name)(root=str(root), download=True, **kwargs)
     except Exception as e:  # noqa: BLE001 - network errors come in many types
         raise DataError(f"download of {cls_name} into {root} failed ({type(e).__name__}: {e})") from e
@@ -193,7 +211,7 @@ def _load_mnist(name: str, train: bool, root: Path | None):
 
 def _load_mnist_like(name, train, root, tv_name, extra):
     base = root or DEFAULT_ROOT
-    folders = [base, base / tv_name, *extra]
+    folders = [base / tv_name, base, *extra]  # the data set's own torchvision folder first
     found = _load_idx_pair(name, train, folders)
     if found:
         return found
@@ -253,8 +271,10 @@ def _load_cifar(name: str, train: bool, root: Path | None):
     base = root or DEFAULT_ROOT
     try:
         ds = cls(root=str(base), train=train, download=False)
-    except RuntimeError:
+    except RuntimeError:  # torchvision's "not found or corrupted"
         ds = _download_or_fail(name, cls.__name__, base, f"{base}/{cls.base_folder}/", train=train)
+    except Exception as e:  # noqa: BLE001 - a truncated or damaged file: pickle errors of many kinds
+        raise _unreadable(name, f"{base}/{cls.base_folder}/", e) from None
     x = torch.from_numpy(np.asarray(ds.data)).permute(0, 3, 1, 2)
     return x, torch.as_tensor(ds.targets, dtype=torch.long)
 
@@ -267,9 +287,17 @@ def _load_svhn(name: str, train: bool, root: Path | None):
     split = "train" if train else "test"
     try:
         ds = cls(root=str(base), split=split, download=False)
-    except RuntimeError:
+    except RuntimeError:  # torchvision's "not found or corrupted"
         ds = _download_or_fail(name, "SVHN", base, f"{base}/{split}_32x32.mat", split=split)
+    except Exception as e:  # noqa: BLE001 - a truncated or damaged .mat file
+        raise _unreadable(name, f"{base}/{split}_32x32.mat", e) from None
     return torch.from_numpy(np.asarray(ds.data)), torch.as_tensor(ds.labels, dtype=torch.long) % 10
+
+
+def _unreadable(name: str, where: str, e: Exception) -> DataError:
+    first = str(e).splitlines()[0][:200] if str(e) else ""
+    return DataError(f"{name}: cannot read {where} ({type(e).__name__}: {first}); is a file there "
+                     "truncated or damaged (an interrupted download or copy)?")
 
 
 def _download_or_fail(name: str, cls_name: str, base: Path, expected: str, **kwargs):

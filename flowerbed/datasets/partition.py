@@ -78,6 +78,18 @@ def check_partition(labels: np.ndarray, partition: Partition, num_partitions: in
                           f"{partition.param} shards x {num_partitions} clients exceeds {n} samples")
 
 
+def warn_unheld(labels: np.ndarray, parts: list[np.ndarray], partition: Partition) -> None:
+    """Warn when the split leaves samples to no client (``pathological:k`` with clients × k
+    below the number of classes): those classes are never trained on, yet tested."""
+    labels = np.asarray(labels)
+    used = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    unheld = sorted(set(np.unique(labels).tolist()) - set(np.unique(labels[used]).tolist()))
+    if len(used) < len(labels):
+        log.warning("partition %s leaves %d of %d training samples to no client%s; use more "
+                    "clients or a larger k", partition, len(labels) - len(used), len(labels),
+                    f" (classes {unheld} are held by none)" if unheld else "")
+
+
 def _split(labels, partition, num_partitions, seed, min_size) -> tuple[np.ndarray, ...]:
     from datasets import Dataset
     from flwr_datasets import partitioner as fp

@@ -18,6 +18,8 @@ import math
 import numpy as np
 import torch
 
+from flowerbed.config import ConfigError
+
 SCHEDULES = ("lin", "sin", "squ", "ber")
 CORRUPTIONS = ("gaussian_noise", "gaussian_blur", "contrast", "rotation")
 
@@ -108,10 +110,31 @@ def client_weight(cfg, partition_id: int, t: int) -> float:
     return float(schedule(cfg.fedade_schedule, steps, cfg.seed, cfg.fedade_ber_p, chain)[min(t, steps - 1)])
 
 
+TARGET_MIN_SIZE = 6  # samples per client in the split that sets the clients' target label mixes
+
+
+def target_partitions(cfg, num_partitions: int) -> list[np.ndarray]:
+    """The split of the post-deployment pool by ``partition`` whose label mixes are the clients'
+    label-shift targets; an impossible one names the pool it splits (the server checks it
+    before round 1)."""
+    from flowerbed.datasets.partition import partition_indices
+    from flowerbed.pretrain import pools
+
+    _, _, post = pools(cfg)
+    try:
+        return partition_indices(post.y.numpy(), cfg.partition, num_partitions, cfg.seed,
+                                 min_partition_size=TARGET_MIN_SIZE)
+    except ConfigError as e:
+        raise ConfigError("partition", str(cfg.partition), f"Fed-ADE's label-shift targets split "
+                          f"the post-deployment pool ({len(post)} samples: 20 % of the training "
+                          f"set) over {num_partitions} clients, at least {TARGET_MIN_SIZE} each, "
+                          f"and cannot: raise train-samples, raise alpha, or use fewer clients "
+                          f"(min-partition-size does not apply to it) [{e.allowed}]") from None
+
+
 def client_batch(cfg, partition_id: int, num_partitions: int, t: int
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Client ``partition_id``'s uint8 batch and labels at time step ``t`` (deterministic)."""
-    from flowerbed.datasets.partition import partition_indices
     from flowerbed.pretrain import pools
 
     _, _, post = pools(cfg)
@@ -119,7 +142,7 @@ def client_batch(cfg, partition_id: int, num_partitions: int, t: int
     w = client_weight(cfg, partition_id, t)
     rng = np.random.default_rng([cfg.seed, partition_id, t, 5])
     if cfg.fedade_shift == "label":
-        part = partition_indices(labels, cfg.partition, num_partitions, cfg.seed, min_partition_size=6)
+        part = target_partitions(cfg, num_partitions)
         q_new = np.bincount(labels[part[partition_id]], minlength=post.num_classes).astype(float)
         idx = label_batch(labels, q_new / q_new.sum(), w, cfg.fedade_batch, rng)
         return post.x[idx], post.y[idx]

@@ -318,6 +318,9 @@ class FlowerbedFedAvg(FedAvg):
         return (server_round % self.cfg.eval_every == 0
                 or server_round == self.cfg.num_server_rounds)
 
+    def check_setup(self, num_partitions: int) -> None:
+        """Method-specific checks of the run before round 1 (raise :class:`ConfigError`)."""
+
     def describe(self) -> dict[str, Any]:
         """Method-specific facts recorded in the run's config.json."""
         return {}

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
+from flowerbed.datasets.streams import target_partitions
 from flowerbed.models import is_personal
 from flowerbed.pretrain import confusion, pools, pretrained
 from flowerbed.strategies.base import metric_record
@@ -37,6 +38,10 @@ class FedADEStrategy(FedRepStrategy):
 
     def subset_keys(self, key: str, reference: ArrayRecord) -> set[str] | None:
         return {k for k in reference if not is_personal(k)}  # the shared layers, all of them
+
+    def check_setup(self, num_partitions: int) -> None:
+        if self.cfg.fedade_shift == "label":  # every client's target mix must exist
+            target_partitions(self.cfg, num_partitions)
 
     def step_of(self, server_round: int) -> tuple[int, int]:
         return divmod(server_round - 1, self.cfg.fedade_rounds_per_step)
