@@ -36,6 +36,7 @@ def partition_indices(labels: np.ndarray, partition: Partition, num_partitions: 
 
 
 _CACHE: dict[tuple, tuple[np.ndarray, ...]] = {}
+SPLIT_VERSION = 1  # part of the stored splits' names: raise it whenever _split's result changes
 
 
 def _on_disk(key: tuple, compute) -> tuple[np.ndarray, ...]:
@@ -43,12 +44,13 @@ def _on_disk(key: tuple, compute) -> tuple[np.ndarray, ...]:
 
     Deployed SuperNodes start a new ClientApp process per message; reading the stored split
     spares each one flwr-datasets' import (about 1 s). The file name hashes the labels, the
-    partition, the client count, the seed, the minimum size and the flwr-datasets version, so
-    a stored split is only reused for exactly the same inputs.
+    partition, the client count, the seed, the minimum size, the flwr-datasets version and
+    :data:`SPLIT_VERSION`, so a stored split is only reused for exactly the same inputs and code.
     """
     from importlib.metadata import version
 
-    name = hashlib.sha256(repr((*key, version("flwr-datasets"))).encode()).hexdigest()[:32]
+    name = hashlib.sha256(repr((*key, version("flwr-datasets"), SPLIT_VERSION)).encode()
+                          ).hexdigest()[:32]
     path = cache_root() / "partitions" / f"{name}.npz"
     with contextlib.suppress(OSError, ValueError, KeyError, zipfile.BadZipFile):
         with np.load(path) as f:
