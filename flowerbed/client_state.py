@@ -9,12 +9,15 @@ two rounds are kept; after the run, the last). In a resumed run, the first messa
 gets from round r restores the newest file from before round r; methods without client state
 write nothing.
 
-``run-key`` is the run directory's name, sent by the server in every message's config.
+``run-key`` (:func:`run_key`) is the run directory's name plus a hash of its full path, sent by
+the server in every message's config: two runs of the same name in different folders (every
+``flowerbed compare`` names its runs after their methods) never share or prune each other's state.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import re
@@ -30,6 +33,12 @@ from flowerbed.config import Config
 log = logging.getLogger("flowerbed")
 RESTORED = "flowerbed.restored"  # our marker in context.state: restore was done for this run
 KEEP = 2
+
+
+def run_key(run_dir: Path) -> str:
+    """The client-state folder name of the run in ``run_dir``: its name and a path hash."""
+    digest = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:10]
+    return f"{Path(run_dir).name}-{digest}"
 
 
 def root(cfg: Config) -> Path:

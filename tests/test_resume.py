@@ -62,8 +62,14 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path, method):
     assert rows_of(tmp_path / "halt") == rows_of(tmp_path / "full")
     assert resumed["final-accuracy"] == full["final-accuracy"]
     assert json.loads((tmp_path / "halt" / "config.json").read_text())["resumed-after-rounds"] == [1]
-    for d in (tmp_path / "client-state" / "halt").glob("partition-*"):  # the newest state only
+    from flowerbed.client_state import run_key
+
+    key = run_key(tmp_path / "halt")  # the name and a hash of the path
+    assert key.startswith("halt-") and key != run_key(tmp_path / "elsewhere" / "halt")
+    for d in (tmp_path / "client-state" / key).glob("partition-*"):  # the newest state only
         assert [f.name for f in d.iterdir()] == ["round-2.pt"]
+    if method in ("scaffold", "local"):  # methods with client state filed it there
+        assert list((tmp_path / "client-state" / key).glob("partition-*"))
     if method in PERSONAL_METHODS:  # their headline score is the personalised one (regression:
         last = read_metrics(tmp_path / "full")[-1]  # FedAvg-FT's was the global model's)
         assert full["final-accuracy"] == last["accuracy"] == last["client-accuracy"]

@@ -82,7 +82,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
                      {**cfg.to_run_config(), "num-partitions": num_partitions,
                       "server-device": str(device), **strategy.describe()},
                      resume_round=ckpt["round"] if ckpt else None)
-    strategy.run_key = run_dir.path.name
+    strategy.run_key = client_state.run_key(run_dir.path)
     log.info("run directory: %s | %s on %s, %s, %d clients, server device %s", run_dir.path,
              cfg.method, cfg.dataset, cfg.partition, num_partitions, device)
 
