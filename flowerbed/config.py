@@ -297,6 +297,8 @@ class Config:
         if self.method == "fedade" and self.num_server_rounds % self.fedade_rounds_per_step:
             raise ConfigError("num-server-rounds", self.num_server_rounds,
                               f"must be a multiple of fedade-rounds-per-step ({self.fedade_rounds_per_step})")
+        if self.seed < 0:  # numpy's SeedSequence takes non-negative integers only
+            raise ConfigError("seed", self.seed, "must be >= 0")
         if not 0 <= self.fault_fraction <= 1:
             raise ConfigError("fault-fraction", self.fault_fraction, "must be in [0, 1]")
         if self.fault_kind not in ("raise", "nan", "shape", "hang", "mixed"):

@@ -34,6 +34,7 @@ def test_defaults_come_from_pyproject():
     ("lr", 0.0, "> 0"),
     ("lr", float("nan"), "> 0"),
     ("num-server-rounds", 0, ">= 1"),
+    ("seed", -1, ">= 0"),
     ("batch-size", "32", "number (int)"),
     ("local-epochs", True, "boolean"),
     ("momentum", 1.0, "[0, 1)"),

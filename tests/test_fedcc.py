@@ -125,6 +125,11 @@ def test_client_uploads_only_the_prediction_matrix(method):
     out2 = client.train(sent(3, RecordDict({"config": ConfigRecord({"server-round": 2}),
                                             "soft_targets": soft})))
     assert out2.content[PREDICTIONS]["p"].numpy().shape == (120, width)
+    for shape in ((121, 10), (120, 1)):  # extra rows, or one column that would broadcast
+        bad = ArrayRecord({"soft_targets": Array(np.full(shape, 0.1, np.float32))})
+        with pytest.raises(ValueError, match=r"'soft_targets' has shape .* expected \(120, 10\)"):
+            client.train(sent(3, RecordDict({"config": ConfigRecord({"server-round": 3}),
+                                             "soft_targets": bad})))
 
 
 def two_client_strategy() -> FedCCStrategy:

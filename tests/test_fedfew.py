@@ -206,6 +206,21 @@ def test_fedrep_refuses_a_body_that_is_not_the_whole_body():
     assert "unexpected ['fc2.weight']" in failed[1] and "is empty" in failed[2]
 
 
+def test_scaffold_client_refuses_a_control_variate_of_another_shape():
+    """A (1,)-shaped c would have been added to every gradient element by broadcasting."""
+    from flowerbed.clients.base import make_model
+    from flowerbed.datasets.federated import train_set
+    from flowerbed.strategies.scaffold import SERVER_CV
+    from flowerbed.training import to_record
+
+    c, cfg, _ = client("scaffold")
+    model = to_record(make_model(cfg, train_set(cfg)))
+    cv = ArrayRecord({"fc2.weight": Array(np.full(1, 0.5, np.float32))})
+    with pytest.raises(ValueError, match=r"control variate 'fc2.weight' has shape \(1,\)"):
+        c.train(sent(4, RecordDict({"arrays": model, SERVER_CV: cv,
+                                    "config": ConfigRecord({"server-round": 1})})))
+
+
 def test_scaffold_client_adopts_its_c_i_only_once_the_server_took_its_delta():
     """Regression: a client used to keep its new c_i even when the server refused the reply
     (timeout, validation), so c drifted from the mean of the c_i."""

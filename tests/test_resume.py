@@ -322,3 +322,17 @@ def test_strategy_state_of_another_type_is_a_checkpoint_error():
     assert set(s.c) == {"w"} and s.accepted == {"0": 3}
     with pytest.raises(CheckpointError, match="state 'c' is a list, expected a dict"):
         s.restore_state({"c": [1, 2]})
+
+
+def test_a_message_without_what_the_method_needs_names_it():
+    """Flower's simulation keeps only an exception's text: a KeyError used to read 'proximal-mu'."""
+    from flwr.app import ConfigRecord, Context, RecordDict
+
+    from flowerbed.apps.client_app import train
+    from tests.conftest import sent
+
+    cfg = Config.from_run_config({**TINY, "method": "fedprox"})
+    ctx = Context(run_id=1, node_id=3, node_config={"partition-id": 0, "num-partitions": 2},
+                  state=RecordDict(), run_config=cfg.to_run_config())
+    with pytest.raises(ValueError, match=r"train message for method 'fedprox': 'arrays' is missing"):
+        train(sent(3, RecordDict({"config": ConfigRecord({"server-round": 1})})), ctx)

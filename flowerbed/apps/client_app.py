@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
@@ -34,7 +37,24 @@ def _restored(client: Client, msg: Message) -> str:
     return key
 
 
+def _naming_missing_keys(handler: Callable[[Message, Context], Message]):
+    """A KeyError while handling a message (a record, config key or node-config key the method
+    needs is missing) becomes an error naming the key, the message type and the method: Flower's
+    simulation keeps only the exception's text, which for a KeyError is the bare key."""
+    @functools.wraps(handler)
+    def wrapped(msg: Message, context: Context) -> Message:
+        try:
+            return handler(msg, context)
+        except KeyError as e:
+            raise ValueError(f"{msg.metadata.message_type} message for method "
+                             f"{context.run_config.get('method')!r}: {e.args[0]!r} is missing (a "
+                             "record or config key the server should send, or a node-config "
+                             "key the SuperNode should set)") from e
+    return wrapped
+
+
 @app.train()
+@_naming_missing_keys
 def train(msg: Message, context: Context) -> Message:
     client = client_for(context)
     key = _restored(client, msg)
@@ -44,6 +64,7 @@ def train(msg: Message, context: Context) -> Message:
 
 
 @app.evaluate()
+@_naming_missing_keys
 def evaluate(msg: Message, context: Context) -> Message:
     client = client_for(context)
     _restored(client, msg)
@@ -51,5 +72,6 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 
 @app.query("whoami")
+@_naming_missing_keys
 def whoami(msg: Message, context: Context) -> Message:
     return client_for(context).whoami(msg)

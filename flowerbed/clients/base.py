@@ -58,7 +58,7 @@ class Client:
         return Message(content=content, reply_to=msg)
 
     def round_of(self, msg: Message) -> int:
-        return int(msg.content["config"].get("server-round", 0))
+        return int(msg.content["config"]["server-round"])  # seeds and files the round: required
 
     # ------------------------------------------------------------------ message handlers
     def whoami(self, msg: Message) -> Message:

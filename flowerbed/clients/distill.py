@@ -86,6 +86,10 @@ class DistillClient(Client):
         model = self.local_model()
         rec = msg.content.array_records.get(SOFT_TARGETS)
         targets = torch.as_tensor(rec[SOFT_TARGETS].numpy()) if rec is not None else None
+        want = (len(self.public), self.train_data.num_classes)
+        if targets is not None and tuple(targets.shape) != want:  # extra rows or one column: silent
+            raise ValueError(f"'{SOFT_TARGETS}' has shape {tuple(targets.shape)}, expected {want} "
+                             "(public samples x classes)")
         metrics = self.local_update(model, targets, gen)
         self.context.state[STATE] = to_record(model)
         preds = predict(model, self.public, self.device, probabilities=self.probabilities)

@@ -36,7 +36,11 @@ log = logging.getLogger("flowerbed")
 class ScaffoldClient(Client):
     def _variate(self, record: ArrayRecord | None, name: str, like: torch.Tensor) -> torch.Tensor:
         if record is not None and name in record:
-            return torch.as_tensor(record[name].numpy(), device=like.device)
+            v = torch.as_tensor(record[name].numpy(), device=like.device)
+            if v.shape != like.shape:  # a (1,) would broadcast into every gradient element
+                raise ValueError(f"control variate '{name}' has shape {tuple(v.shape)}, the "
+                                 f"parameter {tuple(like.shape)}")
+            return v
         return torch.zeros_like(like)
 
     def fit(self, model: nn.Module, msg: Message, rnd: int, **hooks):
