@@ -121,6 +121,6 @@ def counts_problem(metrics) -> str | None:
         n, c = metrics.get(f"{p}-n"), metrics.get(f"{p}-correct")
         if n is None and c is None:
             continue
-        if isinstance(n, list) or isinstance(c, list) or n is None or c is None or not 0 <= c <= n:
+        if not all(isinstance(v, int | float) for v in (n, c)) or not 0 <= c <= n:
             return f"metrics '{p}-correct' ({c!r}) and '{p}-n' ({n!r}) need 0 <= correct <= n"
     return None

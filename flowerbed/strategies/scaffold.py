@@ -46,7 +46,7 @@ class ScaffoldStrategy(FlowerbedFedAvg):
                       ) -> RecordDict:
         content = super().train_content(server_round, arrays, config)
         content[SERVER_CV] = ArrayRecord({k: Array(v) for k, v in self.c.items()})
-        content[ACCEPTED] = ConfigRecord(dict(self.accepted or {}))
+        content[ACCEPTED] = ConfigRecord(dict(self.accepted))
         return content
 
     def aggregate_train(self, server_round: int, replies):
