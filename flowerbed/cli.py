@@ -10,14 +10,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flowerbed.config import Config, ConfigError, parse_overrides
+from flowerbed.config import Config, ConfigError, load_preset, parse_overrides
 
 log = logging.getLogger("flowerbed")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The preset file's keys (if any), then the -c/--run-config overrides on top."""
-    out = parse_overrides([args.preset], "--preset") if args.preset else {}
+    out = load_preset(args.preset) if args.preset else {}
     out.update(parse_overrides(list(args.run_config or []), "--run-config/-c"))
     return out
 
@@ -122,18 +122,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
     seeds = _seeds(args.seeds) if args.seeds else None
     if seeds and args.seed is not None:
         raise ConfigError("--seed", args.seed, "give either --seed or --seeds, not both")
-    from flowerbed.compare import compare_seeds, parse_variant
+    from flowerbed.compare import check_labels, compare_seeds, default_out, failed_runs, parse_variant
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    check_labels(methods, seeds)
     for m in methods:
-        for s in seeds or [overrides["seed"]]:
-            preflight({**overrides, **parse_variant(m)[1], "seed": s}, args.num_clients,
-                      args.gpus_per_client)
+        variant = parse_variant(m)[1]
+        for s in seeds or [variant.get("seed", overrides["seed"])]:
+            preflight({**overrides, **variant, "seed": s}, args.num_clients, args.gpus_per_client)
+    out = Path(args.out) if args.out else default_out()
     kw = {"num_clients": args.num_clients, "cpus_per_client": args.cpus_per_client,
-          "gpus_per_client": args.gpus_per_client, "out": Path(args.out) if args.out else None,
-          "resume": args.resume}
+          "gpus_per_client": args.gpus_per_client, "out": out, "resume": args.resume}
     table = compare_seeds(methods, overrides, seeds, **kw) if seeds else compare(methods, overrides, **kw)
     print(table)
+    if failed := failed_runs(out):
+        log.error("compare: %d run(s) failed: %s (their logs are in %s)", len(failed),
+                  ", ".join(failed), out.resolve())
+        return 1
     return 0
 
 

@@ -32,6 +32,33 @@ def run_label(spec: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in spec.replace("'", ""))
 
 
+def check_labels(methods: list[str], seeds: list[int] | None = None) -> None:
+    """Each spec once, no two specs sharing a run directory, and no ``@seed=`` variant in a
+    comparison over ``seeds`` (each seed would rerun its one seed)."""
+    from flowerbed.config import ConfigError
+
+    seen: dict[str, str] = {}
+    for m in methods:
+        if seeds and "seed" in parse_variant(m)[1]:
+            raise ConfigError("--methods", m, "a method@seed=... variant cannot be compared over "
+                              "--seeds (every seed would run its one seed)")
+        if (other := seen.setdefault(run_label(m), m)) is not m:
+            raise ConfigError("--methods", ",".join(methods), f"{other!r} and {m!r} " + (
+                "are given twice" if other == m else f"would share the run folder {run_label(m)}"))
+
+
+def default_out() -> Path:
+    return Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def failed_runs(out: Path) -> list[str]:
+    """The runs of the comparison in ``out`` that failed: ``method`` or ``method (seed s)``."""
+    results = json.loads((out / "results.json").read_text())
+    if "summary" in results:  # several seeds
+        return [f"{m} (seed {s})" for m, st in results["summary"].items() for s in st["seeds-failed"]]
+    return [m for m, r in results.items() if "error" in r]
+
+
 def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
             cpus_per_client: float = 1.0, gpus_per_client: float = 0.0,
             out: Path | None = None, resume: bool = False) -> str:
@@ -44,7 +71,8 @@ def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
     anything runs. Writes ``<out>/<label>/`` run directories, ``results.json``, ``table.md``
     and ``accuracy.png`` (every method's curve); returns the markdown table.
     """
-    out = (out or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    check_labels(methods)
+    out = (out or default_out()).resolve()
     out.mkdir(parents=True, exist_ok=True)
     fed = engine.federation_config(num_clients, cpus_per_client, gpus_per_client)
     plan = {}
@@ -106,6 +134,14 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
     asked = current["num-server-rounds"]
     done = saved.get("num-server-rounds", asked)
     if finished and done == asked:
+        same_run = {"resume", "run-name", "output-dir", "num-server-rounds"}
+        changed = [k for k in sorted(RESUMABLE_CHANGES - same_run)
+                   if saved.get(k, current.get(k)) != current.get(k)]
+        if changed:  # a finished run is kept only if it ran with what this comparison asks for
+            shown = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed)
+            raise ConfigError("--resume", str(run_dir), f"the earlier run there finished with "
+                              f"other settings ({shown}); rerun without --resume (it is moved "
+                              "aside) or pass its settings again")
         return "keep"
     if finished and (done > asked or not stopped):
         raise ConfigError("--resume", str(run_dir), f"the earlier run there finished {done} "
@@ -124,6 +160,19 @@ def _title(overrides: dict[str, Any], n: int) -> str:
             f"{n} clients, seed {overrides.get('seed', 0)}")
 
 
+#: the settings a comparison's header says every method shares
+SHARED_KEYS = ("dataset", "partition", "seed", "num-server-rounds", "train-samples", "test-samples",
+               "min-partition-size", "local-test-fraction")
+
+
+def exceptions(methods: Any) -> list[str]:
+    """A line naming the rows whose @-overrides change a setting the header says is shared."""
+    varied = [f"{m} ({', '.join(k for k in SHARED_KEYS if k in parse_variant(m)[1])})"
+              for m in methods if any(k in parse_variant(m)[1] for k in SHARED_KEYS)]
+    return ["", "Except where a row's own settings change them: " + "; ".join(varied) + "."
+            ] if varied else []
+
+
 def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any], n: int) -> str:
     client = any(s.get(CLIENT_ACC) is not None for s in results.values())
     cols: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
@@ -138,7 +187,7 @@ def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any]
                   else [cell(s) for _, cell in cols])] for m, s in results.items()]
     lines = [f"Same partitions and seed for every method: {_title(overrides, n)}, "
              f"{overrides.get('num-server-rounds')} rounds.", "",
-             *md_table(["method", *(h for h, _ in cols)], rows)]
+             *md_table(["method", *(h for h, _ in cols)], rows), *exceptions(results)]
     return "\n".join(lines + (["", ACC_NOTE] if client else []))
 
 
@@ -149,7 +198,8 @@ def compare_seeds(methods: list[str], overrides: dict[str, Any], seeds: list[int
     comparison keeps whole seeds), then each method's mean and spread over the seeds:
     ``<out>/results.json`` (per seed and summary), ``table.md`` and ``accuracy.png`` (mean
     curves). Returns the markdown table of means."""
-    out = (out or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    check_labels(methods, seeds)
+    out = (out or default_out()).resolve()
     if resume:  # every seed's earlier runs checked before anything runs
         for s in seeds:
             for m in methods:
@@ -222,5 +272,6 @@ def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n
              f"{overrides.get('num-server-rounds')} rounds, seeds {', '.join(map(str, seeds))} "
              "(mean ± sample std over seeds).", "",
              *md_table(["method", *(h for h, _ in cols)],
-                       [[m, *(cell(st) for _, cell in cols)] for m, st in summary.items()])]
+                       [[m, *(cell(st) for _, cell in cols)] for m, st in summary.items()]),
+             *exceptions(summary)]
     return "\n".join(lines + (["", ACC_NOTE] if client else []))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -41,19 +42,38 @@ def defaults() -> dict[str, Any]:
         return dict(tomllib.load(f)["tool"]["flwr"]["app"]["config"])
 
 
+#: flwr's own pattern for one ``key=value`` pair (``flwr.common.config.parse_config_args``);
+#: flwr drops any text between the pairs, so :func:`parse_overrides` looks for what is left
+_PAIR = re.compile(r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)")
+
+
 def parse_overrides(items: list[str], source: str) -> dict[str, Any]:
     """Run-config overrides in flwr's syntax (``key=value ...`` strings, or TOML file paths),
-    parsed by flwr's own parser; a malformed one is a ConfigError naming ``source``."""
+    parsed by flwr's own parser; a malformed one, or text that is not a ``key=value`` pair
+    (flwr would skip it: ``lr = 0.05``, ``momentum``), is a ConfigError naming ``source``."""
     from flwr.common.config import parse_config_args
 
     for item in items:
-        if item.strip().endswith(".toml") and not Path(item.strip()).is_file():
-            raise ConfigError(source, item, "no such TOML file")
+        if item.strip().endswith(".toml"):
+            if not Path(item.strip()).is_file():
+                raise ConfigError(source, item, "no such TOML file")
+        elif stray := _PAIR.sub(" ", item).split():
+            raise ConfigError(source, item, f"{' '.join(stray)!r} is not a key=value pair (no "
+                              "spaces around '='; strings need quotes, e.g. partition='iid')")
     try:
         return parse_config_args(items)
     except Exception as e:  # noqa: BLE001 - flwr raises click's exception for a malformed string
         raise ConfigError(source, " ".join(items), f"{getattr(e, 'message', e)} (strings need "
                           "quotes, e.g. partition='dirichlet:0.1')") from None
+
+
+def load_preset(path: str) -> dict[str, Any]:
+    """A preset: an existing TOML file of run-config values."""
+    if not Path(path).is_file():
+        raise ConfigError("--preset", path, "no such file")
+    if not path.endswith(".toml"):
+        raise ConfigError("--preset", path, "a preset is a TOML file whose name ends in .toml")
+    return parse_overrides([path], "--preset")
 
 
 @dataclass(frozen=True)
@@ -329,7 +349,8 @@ class Config:
             v = getattr(self, key.replace("-", "_"))
             if not 0 <= v < 1:
                 raise ConfigError(key, v, "must be in [0, 1)")
-        for key in ("weight-decay", "proximal-mu", "fedcc-lambda", "fedxds-lambda", "fedxds-sigma"):
+        for key in ("weight-decay", "proximal-mu", "fedcc-lambda", "fedxds-lambda", "fedxds-sigma",
+                    "fedxds-epsilon", "fedade-fixed-lr", "fedade-lr-min", "fedade-lr-max"):
             v = getattr(self, key.replace("-", "_"))
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number >= 0")

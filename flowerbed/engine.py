@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -201,6 +202,12 @@ def toml_value(v: Any) -> str:
 
 def federation_config(num_supernodes: int, cpus_per_client: float = 1.0,
                       gpus_per_client: float = 0.0) -> dict[str, Any]:
+    from flowerbed.config import ConfigError
+
+    if not (cpus_per_client > 0 and math.isfinite(cpus_per_client)):  # Ray divided by 0 later
+        raise ConfigError("--cpus-per-client", cpus_per_client, "must be a finite number > 0")
+    if not (gpus_per_client >= 0 and math.isfinite(gpus_per_client)):
+        raise ConfigError("--gpus-per-client", gpus_per_client, "must be a finite number >= 0")
     # Flower wants whole CPUs as an int (a float like 1.0 is refused).
     cpus = int(cpus_per_client) if float(cpus_per_client).is_integer() else cpus_per_client
     return {"num-supernodes": num_supernodes, "client-resources-num-cpus": cpus,

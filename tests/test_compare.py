@@ -98,6 +98,17 @@ def test_compare_seeds_runs_every_seed_and_averages(tmp_path, fake_engine):
     (["run", "--preset", "presets/no-such.toml"], "'--preset' = 'presets/no-such.toml' is invalid: no such"),
     (["compare", "--methods", "fedavg@lr=x"], "'--methods fedavg@lr=x'"),
     (["compare", "--methods", "fedavg", "--resume"], "needs --out"),
+    # flwr's parser skips text that is not key=value; it used to run with the defaults
+    (["run", "-c", "lr = 0.05"], "'lr = 0.05' is not a key=value pair"),
+    (["run", "-c", "lr=0.05 momentum"], "'momentum' is not a key=value pair"),
+    (["compare", "--methods", "fedprox@proximal-mu 0.1"], "'proximal-mu 0.1' is not a key=value"),
+    (["run", "--preset", "presets/fedx-cpu"], "'presets/fedx-cpu' is invalid: no such file"),
+    (["run", "--preset", "README.md"], "a preset is a TOML file"),
+    (["compare", "--methods", "fedavg,fedprox,fedavg"], "'fedavg' and 'fedavg' are given twice"),
+    (["compare", "--methods", "fedavg@lr=0.1@momentum=0.5,fedavg@lr=0.1 momentum=0.5"],
+     "would share the run folder fedavg_lr_0.1_momentum_0.5"),
+    (["compare", "--methods", "fedavg,fedavg@seed=7", "--seeds", "0,1"], "cannot be compared over"),
+    (["compare", "--methods", "fedavg@seed=-1"], "'seed' = -1"),  # the variant's seed is checked
 ])
 def test_malformed_command_lines_get_one_line_not_a_traceback(argv, said, capsys):
     assert cli.main(argv) == 2
@@ -185,3 +196,43 @@ def test_tables_put_every_method_on_the_clients_test_splits_too():
     summary = {"fedavg": cmp.seed_stats({0: fedavg, 1: {**fedavg, "final-client-accuracy": 0.59}})}
     table = cmp.seeds_table(json.loads(json.dumps(summary)), {}, 20, [0, 1])
     assert "| fedavg | 56.00 ± 0.00 | 56.00, 56.00 | 58.00 ± 1.41 | 56.00 ± 0.00 | - |" in table
+
+
+def test_compare_exits_1_naming_the_failed_runs(tmp_path, fake_engine, capsys, caplog):
+    """A comparison in which a method failed used to exit 0 (its row said 'failed')."""
+    def fake_run(home, conn, rc, fed, **kw):
+        if rc["run-name"] == "fedprox":
+            raise cmp.engine.RunFailed("the ServerApp failed")
+        (tmp_path / rc["run-name"]).mkdir(exist_ok=True)
+        (tmp_path / rc["run-name"] / "metrics.jsonl").write_text('{"round": 1, "accuracy": 0.6}\n')
+        return {"final-accuracy": 0.6}
+
+    fake_engine(fake_run)
+    argv = ["compare", "--methods", "fedavg,fedprox", "--num-clients", "2", "--rounds", "1",
+            "-c", "train-samples=200", "--out", str(tmp_path)]
+    assert cli.main(argv) == 1
+    assert "1 run(s) failed: fedprox" in caplog.text
+    assert "| fedavg | 60.00 |" in capsys.readouterr().out  # the other method's result is kept
+    assert cmp.failed_runs(tmp_path) == ["fedprox"]
+
+
+def test_resume_does_not_keep_a_finished_run_with_other_fault_settings(tmp_path):
+    """round-timeout and the fault keys may change when a stopped run continues, but a
+    finished run made with faults is not a clean run's result."""
+    run = tmp_path / "fedavg"
+    run.mkdir()
+    (run / "summary.json").write_text("{}")
+    rc = {"method": "fedavg", "num-server-rounds": 2}
+    saved = {**Config.from_run_config(rc).to_run_config(), "num-partitions": 2}
+    (run / "config.json").write_text(json.dumps({**saved, "fault-fraction": 0.5}))
+    with pytest.raises(ConfigError, match="finished with other settings .fault-fraction: 0.5 -> 0.0"):
+        cmp.earlier_run(run, rc, 2)
+    (run / "config.json").write_text(json.dumps(saved))
+    assert cmp.earlier_run(run, rc, 2) == "keep"
+
+
+def test_tables_name_rows_that_change_the_shared_settings():
+    results = {"fedavg": {"final-accuracy": 0.5}, "fedavg@partition='iid'": {"final-accuracy": 0.6}}
+    table = cmp.markdown_table(results, {"num-server-rounds": 2}, 2)
+    assert "Except where a row's own settings change them: fedavg@partition='iid' (partition)." in table
+    assert "Except" not in cmp.markdown_table({"fedavg@lr=0.1": {}}, {}, 2)

@@ -43,6 +43,11 @@ def test_defaults_come_from_pyproject():
     ("fedade-ber-chain", "each", "shared | client"),
     ("fedade-ber-p", 1.5, "[0, 1]"),
     ("fedade-ber-p", float("nan"), "[0, 1]"),
+    # NaN and inf used to pass: epsilon=nan fell back to sigma silently, inf gave sigma 10
+    ("fedxds-epsilon", float("nan"), "finite number >= 0"),
+    ("fedxds-epsilon", float("inf"), "finite number >= 0"),
+    ("fedade-fixed-lr", float("nan"), "finite number >= 0"),
+    ("fedade-lr-max", float("inf"), "finite number >= 0"),
 ])
 def test_bad_values_name_the_key(key, value, needle):
     with pytest.raises(ConfigError) as e:
@@ -102,3 +107,14 @@ def test_presets_are_valid_run_configs(preset):
     from flwr.common.config import parse_config_args
 
     Config.from_run_config(parse_config_args([str(ROOT / "presets" / preset)]))
+
+
+@pytest.mark.parametrize("cpus,gpus,flag", [(0, 0, "--cpus-per-client"),
+                                            (float("nan"), 0, "--cpus-per-client"),
+                                            (1, -0.5, "--gpus-per-client")])
+def test_client_resources_are_checked_before_ray_starts(cpus, gpus, flag):
+    """--cpus-per-client 0 used to reach Ray, which died on a division by zero."""
+    from flowerbed.engine import federation_config
+
+    with pytest.raises(ConfigError, match=f"'{flag}'"):
+        federation_config(2, cpus, gpus)
