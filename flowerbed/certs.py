@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import os
 from pathlib import Path
 
 from cryptography import x509
@@ -39,11 +40,24 @@ def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
     return x509.SubjectAlternativeName(names)
 
 
+def _write_private(path: Path, data: bytes) -> None:
+    """A private key file, readable by its owner only from the moment it exists."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                       serialization.PrivateFormat.TraditionalOpenSSL,
-                                       serialization.NoEncryption()))
-    path.chmod(0o600)
+    _write_private(path, key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.TraditionalOpenSSL,
+                                           serialization.NoEncryption()))
+
+
+def _usage(**on: bool) -> x509.KeyUsage:
+    flags = ("digital_signature", "content_commitment", "key_encipherment", "data_encipherment",
+             "key_agreement", "key_cert_sign", "crl_sign", "encipher_only", "decipher_only")
+    return x509.KeyUsage(**{f: on.get(f, False) for f in flags})
 
 
 def make_certs(out: Path, hosts: list[str] | tuple[str, ...] = DEFAULT_HOSTS,
@@ -63,10 +77,10 @@ def make_certs(out: Path, hosts: list[str] | tuple[str, ...] = DEFAULT_HOSTS,
           .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
           .not_valid_before(now).not_valid_after(now + dt.timedelta(days=days))
           .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                       content_commitment=False, key_encipherment=False,
-                                       data_encipherment=False, key_agreement=False,
-                                       encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(_usage(digital_signature=True, key_cert_sign=True, crl_sign=True),
+                         critical=True)
+          # key identifiers: Python >= 3.13's default TLS context (VERIFY_X509_STRICT) needs them
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
           .sign(ca_key, hashes.SHA256()))
     key = ec.generate_private_key(ec.SECP384R1())
     cert = (x509.CertificateBuilder().subject_name(_name(hosts[0])).issuer_name(ca.subject)
@@ -75,6 +89,10 @@ def make_certs(out: Path, hosts: list[str] | tuple[str, ...] = DEFAULT_HOSTS,
             .add_extension(_san(hosts), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(_usage(digital_signature=True), critical=True)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                           critical=False)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256()))
     _write_key(out / "ca.key", ca_key)
     (out / CA_CERT).write_bytes(ca.public_bytes(serialization.Encoding.PEM))
@@ -89,6 +107,11 @@ def san_hosts(cert_path: Path) -> list[str]:
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     return [str(v) for v in san.get_values_for_type(x509.DNSName)] + \
         [str(v) for v in san.get_values_for_type(x509.IPAddress)]
+
+
+def expires(cert_path: Path) -> dt.datetime:
+    """When a certificate stops being valid (UTC)."""
+    return x509.load_pem_x509_certificate(Path(cert_path).read_bytes()).not_valid_after_utc
 
 
 def unnamed(cert_path: Path, hosts: list[str]) -> list[str]:
@@ -112,9 +135,9 @@ def make_node_key(path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP384R1())
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                       serialization.NoEncryption()))
-    path.chmod(0o600)
+    _write_private(path, key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.OpenSSH,
+                                           serialization.NoEncryption()))
     pub = path.with_name(path.name + ".pub")
     pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                                   serialization.PublicFormat.OpenSSH) + b"\n")

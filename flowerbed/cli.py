@@ -181,9 +181,9 @@ def cmd_superlink(args: argparse.Namespace) -> int:
 def cmd_deploy(args: argparse.Namespace) -> int:
     from flowerbed import certs, deploy
 
-    home = Path(args.home)
+    home = Path(args.home) if args.home else deploy.DEFAULT_HOME
     if args.action == "certs":
-        hosts = [*certs.DEFAULT_HOSTS, *args.host]
+        hosts = list(dict.fromkeys([*certs.DEFAULT_HOSTS, args.address, *args.host]))
         files = certs.make_certs(Path(args.out or home / "certs"), hosts)
         print(f"CA {files['ca']}, SuperLink certificate {files['cert']} (+ key) for {', '.join(hosts)}")
     elif args.action == "node-key":
@@ -198,6 +198,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         for f in export_partitions(cfg, n, Path(args.out or "client-data")):
             print(f"{f}: {json.loads((f / 'partition.json').read_text())['num-train']} train samples")
     elif args.action == "up":
+        if args.data_dirs and not Path(args.data_dirs).is_dir():
+            raise ConfigError("--data-dirs", args.data_dirs, "no such folder (make it with "
+                              "`flowerbed deploy export-data --out <folder>`)")
         if args.data_dirs:  # one SuperNode per exported client folder, client-0 ... client-<n-1>
             ids = sorted(int(d.name[7:]) for d in Path(args.data_dirs).glob("client-*")
                          if d.is_dir() and d.name[7:].isdigit())
@@ -207,7 +210,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                                   "client-0 ... client-<n-1>")
             args.num_clients = len(ids)
         args.num_clients = 2 if args.num_clients is None else args.num_clients
-        extra = [{"data-root": args.data_root,
+        data_root = str(Path(args.data_root).expanduser().resolve()) if args.data_root else ""
+        extra = [{"data-root": data_root,  # SuperNodes run in the project folder, not here
                   "data-dir": str(Path(args.data_dirs).resolve() / f"client-{i}") if args.data_dirs else ""}
                  for i in range(args.num_clients)]
         dep = deploy.up(deploy.Deployment(home=home, address=f"{args.address}:{args.port}",
@@ -227,10 +231,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         print(json.dumps(deploy.run(deploy.Deployment.load(home), overrides), indent=2))
     elif args.action == "status":
         dep = deploy.Deployment.load(home)
-        from flowerbed.engine import _alive
-
         for name, pid in dep.pids.items():
-            print(f"{name:>14} pid {pid}: {'running' if _alive(pid) else 'gone'}")
+            print(f"{name:>14} pid {pid}: {'running' if dep.alive(name) else 'gone'}")
         print(f"SuperNodes online (flwr supernode list): {deploy.online_nodes(dep)}")
     else:
         print("stopped: " + ", ".join(deploy.down(deploy.Deployment.load(home))))
@@ -273,8 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("deploy", help="Flower's deployment engine: SuperLink + SuperNodes as processes")
     d.add_argument("action", choices=["up", "run", "status", "down", "certs", "node-key", "export-data"])
-    d.add_argument("--home", default=str(Path(".flwr-deploy")),
-                   help="folder for the deployment's state, logs, certificates (default .flwr-deploy)")
+    d.add_argument("--home", default=None,
+                   help="folder for the deployment's state, logs, certificates (default "
+                        "<project>/.flwr-deploy, wherever the command runs)")
     d.add_argument("--num-clients", type=int, default=None,
                    help="SuperNodes to start / partitions to export (default 2; up --data-dirs: "
                         "one per client-<i> folder)")
@@ -323,9 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - one clear line, not a traceback, for users
         from flowerbed.datasets.loading import DataError
         from flowerbed.deploy import DeployError
-        from flowerbed.engine import RunFailed
+        from flowerbed.engine import EngineError
 
-        if isinstance(e, DataError | RunFailed | DeployError):
+        if isinstance(e, DataError | EngineError | DeployError):
             print(f"flowerbed: error: {e}", file=sys.stderr)
             return 1
         raise

@@ -35,9 +35,11 @@ RESTORED = "flowerbed.restored"  # our marker in context.state: restore was done
 KEEP = 2
 
 
-def run_key(run_dir: Path) -> str:
-    """The client-state folder name of the run in ``run_dir``: its name and a path hash."""
-    digest = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:10]
+def run_key(run_dir: Path, run_id: str | None) -> str:
+    """The client-state folder name of the run in ``run_dir``: its name and the run's id (made
+    when the run starts, kept in its config.json: a fresh run in a folder whose earlier run was
+    moved aside gets its own); runs made before run ids: a hash of the path."""
+    digest = run_id or hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:10]
     return f"{Path(run_dir).name}-{digest}"
 
 

@@ -19,6 +19,7 @@ README's "Deploy on several machines" shows them); :func:`superlink_cmd` and
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ from flowerbed.engine import (
     flwr_env,
     flwr_run,
     free_port,
+    start_time,
     stop_group,
     toml_value,
     wait_superlink,
@@ -62,6 +64,7 @@ class Deployment:
     insecure: bool = False
     auth: bool = False
     pids: dict[str, int] = field(default_factory=dict)
+    starts: dict[str, int | None] = field(default_factory=dict)  # each process's start time
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).resolve()
@@ -90,10 +93,20 @@ class Deployment:
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
             f'address = "{self.address}"\n{tls}\n')
 
+    def started(self, name: str, pid: int) -> None:
+        """Record a process ``up`` started (pid and start time: a reused pid is not ours)."""
+        self.pids[name], self.starts[name] = pid, start_time(pid)
+        self.save()
+
+    def alive(self, name: str) -> bool:
+        return _alive(self.pids[name], self.starts.get(name))
+
     def save(self) -> None:
-        (self.home / "pids.json").write_text(json.dumps(
-            {"address": self.address, "insecure": self.insecure, "auth": self.auth,
-             "pids": self.pids}, indent=1))
+        from flowerbed.results import write_json_atomic
+
+        write_json_atomic(self.home / "pids.json", {
+            "address": self.address, "insecure": self.insecure, "auth": self.auth,
+            "pids": self.pids, "starts": self.starts})
 
     @classmethod
     def load(cls, home: Path = DEFAULT_HOME) -> Deployment:
@@ -101,9 +114,14 @@ class Deployment:
         if not f.exists():
             raise DeployError(f"no deployment started from {Path(home).resolve()} "
                               "(no pids.json); start one with `flowerbed deploy up`")
-        d = json.loads(f.read_text())
-        return cls(home=home, address=d["address"], insecure=d["insecure"], auth=d["auth"],
-                   pids={k: int(v) for k, v in d["pids"].items()})
+        try:
+            d = json.loads(f.read_text())
+            return cls(home=home, address=d["address"], insecure=d["insecure"], auth=d["auth"],
+                       pids={k: int(v) for k, v in d["pids"].items()},
+                       starts={k: v for k, v in d.get("starts", {}).items()})
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise DeployError(f"{f} is damaged ({type(e).__name__}: {e}); stop what it started "
+                              "by hand (logs/ names the processes), then delete it") from None
 
 
 # ---------------------------------------------------------------------- commands
@@ -153,8 +171,12 @@ def spawn(cmd: list[str], log_path: Path, wrap: list[str] | None = None) -> subp
 
 def flwr_cli(dep: Deployment, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
     """``flwr <args>`` against this deployment's connection."""
-    return subprocess.run([_bin("flwr"), *args], env=flwr_env(dep.home), cwd=PROJECT,
-                          capture_output=True, text=True, timeout=timeout)
+    try:
+        return subprocess.run([_bin("flwr"), *args], env=flwr_env(dep.home), cwd=PROJECT,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise DeployError(f"`flwr {' '.join(args)}` did not answer within {timeout:.0f} s (is the "
+                          f"SuperLink at {dep.address} overloaded or unreachable?)") from None
 
 
 def online_nodes(dep: Deployment) -> int | None:
@@ -169,6 +191,8 @@ def online_nodes(dep: Deployment) -> int | None:
 def register_node(dep: Deployment, i: int) -> None:
     """Register SuperNode ``i``'s public key with the SuperLink (needs ``--enable-supernode-auth``)."""
     res = flwr_cli(dep, "supernode", "register", str(dep.node_key(i)) + ".pub", CONNECTION)
+    if res.returncode != 0 and "already in use" in res.stdout + res.stderr:
+        return  # registered by an earlier `up` of this deployment (state.db persists)
     if res.returncode != 0:
         raise DeployError(f"`flwr supernode register` failed for supernode-{i}:\n"
                           f"{res.stdout}{res.stderr}")
@@ -191,7 +215,7 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
     if num_nodes < 1:
         raise DeployError(f"num-nodes must be >= 1, got {num_nodes}")
     old = dep.home / "pids.json"
-    if old.exists() and any(_alive(p) for p in Deployment.load(dep.home).pids.values()):
+    if old.exists() and any(map((earlier := Deployment.load(dep.home)).alive, earlier.pids)):
         raise DeployError(f"a deployment from {dep.home} is still running; "
                           "stop it first with `flowerbed deploy down`")
     dep.home.mkdir(parents=True, exist_ok=True)
@@ -206,13 +230,16 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
                           f"`flowerbed deploy certs --home {dep.home} "
                           + " ".join(f"--host {h}" for h in wanted) + "` (then give the "
                           "SuperNodes the new ca.crt)")
+    if not dep.insecure and (end := certs.expires(dep.certs / certs.SERVER_CERT)) < dt.datetime.now(dt.UTC):
+        raise DeployError(f"the SuperLink certificate {dep.certs / certs.SERVER_CERT} expired on "
+                          f"{end:%Y-%m-%d}; make new ones with `flowerbed deploy certs --home "
+                          f"{dep.home}` (then give the SuperNodes the new ca.crt)")
     dep.write_connection()
     dep.pids = {}
     try:
         sl_log = dep.log_file("superlink")
         proc = spawn(superlink_cmd(dep, host, port), sl_log, wrap("superlink"))
-        dep.pids["superlink"] = proc.pid
-        dep.save()
+        dep.started("superlink", proc.pid)
         try:
             wait_superlink(proc, sl_host, port, sl_log)
         except (RuntimeError, TimeoutError) as e:
@@ -225,8 +252,7 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
             extra = (node_extra or [{}] * num_nodes)[i]
             p = spawn(supernode_cmd(dep, i, num_nodes, free_port(), **extra),
                       dep.log_file(f"supernode-{i}"), wrap(f"supernode-{i}"))
-            dep.pids[f"supernode-{i}"] = p.pid
-            dep.save()
+            dep.started(f"supernode-{i}", p.pid)
         if wait_nodes:
             wait_online(dep, num_nodes)
     except BaseException:
@@ -240,14 +266,14 @@ def wait_online(dep: Deployment, n: int, timeout: float = 90.0) -> None:
     seen = None
     while time.time() - t0 < timeout:
         for name, pid in dep.pids.items():
-            if not _alive(pid):
+            if not dep.alive(name):
                 tail = dep.log_file(name).read_text(errors="replace")[-1500:]
                 raise DeployError(f"{name} (pid {pid}) exited; its log ends with:\n{tail}")
         seen = online_nodes(dep)
         if seen is not None and seen >= n:
             return
         time.sleep(1.0)
-    raise DeployError(f"only {seen} of {n} SuperNodes online after {timeout:.0f} s "
+    raise DeployError(f"only {'?' if seen is None else seen} of {n} SuperNodes online after {timeout:.0f} s "
                       f"(logs in {dep.home / 'logs'})")
 
 
@@ -262,8 +288,9 @@ def down(dep: Deployment) -> list[str]:
     """Stop every process this deployment started (SuperNodes first); returns their names."""
     stopped = []
     for name in sorted(dep.pids, key=lambda n: n == "superlink"):
-        stop_group(dep.pids[name])
-        stopped.append(name)
+        if dep.alive(name):  # a pid reused since (reboot, kill -9) belongs to someone else
+            stop_group(dep.pids[name])
+            stopped.append(name)
     with contextlib.suppress(FileNotFoundError):
         (dep.home / "pids.json").unlink()
     return stopped

@@ -29,8 +29,16 @@ PROJECT = Path(__file__).resolve().parents[1]
 CONNECTION = "flowerbed-sim"
 
 
-class RunFailed(RuntimeError):
+class EngineError(RuntimeError):
+    """A SuperLink could not be started or stopped; the message says why."""
+
+
+class RunFailed(EngineError):
     """A ``flwr run`` ended without writing its summary."""
+
+
+class SuperLinkTimeout(EngineError, TimeoutError):
+    """A SuperLink did not open its port in time."""
 
 
 def _bin(name: str) -> str:
@@ -63,13 +71,13 @@ def wait_superlink(proc: subprocess.Popen, host: str, port: int, log_path: Path,
     while time.time() - t0 < timeout:
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace")[-1500:] if log_path.exists() else ""
-            raise RuntimeError(f"flower-superlink exited with code {proc.returncode}; its log "
-                               f"({log_path}) ends with:\n{tail}")
+            raise EngineError(f"flower-superlink exited with code {proc.returncode}; its log "
+                              f"({log_path}) ends with:\n{tail}")
         if port_open(host, port):
             return
         time.sleep(0.2)
-    raise TimeoutError(f"flower-superlink did not open {host}:{port} within {timeout:.0f} s "
-                       f"(log: {log_path})")
+    raise SuperLinkTimeout(f"flower-superlink did not open {host}:{port} within {timeout:.0f} s "
+                           f"(log: {log_path})")
 
 
 def flwr_env(home: Path) -> dict[str, str]:
@@ -94,7 +102,11 @@ def _start(home: Path, port: int, out) -> subprocess.Popen:
            "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(cmd, env=flwr_env(home), stdout=out, stderr=subprocess.STDOUT,
                             cwd=PROJECT, start_new_session=True)
-    wait_superlink(proc, "127.0.0.1", port, Path(out.name))
+    try:
+        wait_superlink(proc, "127.0.0.1", port, Path(out.name))
+    except BaseException:  # a SuperLink that never opened its port is not left behind
+        _stop(proc)
+        raise
     return proc
 
 
@@ -107,26 +119,36 @@ def superlink_up(home: Path | None = None, port: int = 39191) -> int:
     """Start a detached simulation SuperLink for plain `flwr run .`; returns its pid."""
     home = Path(home).resolve() if home else shared_home()
     pid_file = home / "superlink.pid"
-    if pid_file.exists() and _alive(int(pid_file.read_text())):
-        raise RuntimeError(f"a SuperLink is already running (pid {pid_file.read_text().strip()}); "
-                           "stop it with `flowerbed superlink down`")
+    if (pid := _read_pid(pid_file)) is not None and _alive(*pid):
+        raise EngineError(f"a SuperLink is already running (pid {pid[0]}); stop it with "
+                          "`flowerbed superlink down`")
+    if port_open("127.0.0.1", port):
+        raise EngineError(f"port {port} is in use (another SuperLink?); pick another with --port")
     home.mkdir(parents=True, exist_ok=True)
     with open(home / "superlink.log", "ab") as out:
         proc = _start(home, port, out)
-    pid_file.write_text(str(proc.pid))
+    pid_file.write_text(json.dumps({"pid": proc.pid, "start": start_time(proc.pid)}))
     return proc.pid
+
+
+def _read_pid(pid_file: Path) -> tuple[int, int | None] | None:
+    """(pid, start time) from a pid file (older files: the bare pid); None if unreadable."""
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        d = json.loads(pid_file.read_text())
+        return (d, None) if isinstance(d, int) else (int(d["pid"]), d.get("start"))
+    return None
 
 
 def superlink_down(home: Path | None = None) -> int | None:
     """Stop the SuperLink started by :func:`superlink_up` (and its children); returns its pid."""
     home = Path(home).resolve() if home else shared_home()
     pid_file = home / "superlink.pid"
-    if not pid_file.exists():
+    if (pid := _read_pid(pid_file)) is None:
         return None
-    pid = int(pid_file.read_text())
-    stop_group(pid, timeout=10.0)
+    if _alive(*pid):  # not a pid reused by another process since
+        stop_group(pid[0], timeout=10.0)
     pid_file.unlink()
-    return pid
+    return pid[0]
 
 
 def stop_group(pid: int, timeout: float = 15.0) -> None:
@@ -141,14 +163,33 @@ def stop_group(pid: int, timeout: float = 15.0) -> None:
             time.sleep(0.2)
 
 
-def _alive(pid: int) -> bool:
+def _stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the command name (state first), None if unreadable."""
+    with contextlib.suppress(OSError, ValueError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return None
+
+
+def start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot): with the pid, names the process
+    even after the pid is reused."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None
+
+
+def _alive(pid: int, start: int | None = None) -> bool:
+    """Whether ``pid`` runs (a zombie does not) and, given ``start``, is the process that
+    started then, not a later one that reused the pid."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    with contextlib.suppress(OSError, ValueError):  # a zombie is not alive
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    return True
+    except PermissionError:  # someone else's process: not one of ours
+        return start is None
+    fields = _stat(pid)
+    if fields is None:
+        return True
+    return fields[0] != "Z" and (start is None or int(fields[19]) == start)
 
 
 @contextlib.contextmanager
@@ -197,7 +238,12 @@ def toml_value(v: Any) -> str:
         return "true" if v else "false"
     if isinstance(v, int | float):
         return repr(v)
-    return json.dumps(str(v))
+    text = str(v)
+    if '"' in text:  # flwr's --run-config/--node-config parser cannot read it back
+        from flowerbed.config import ConfigError
+
+        raise ConfigError("run-config", text, "a string value may not contain '\"'")
+    return json.dumps(text, ensure_ascii=False)
 
 
 def federation_config(num_supernodes: int, cpus_per_client: float = 1.0,
@@ -214,6 +260,15 @@ def federation_config(num_supernodes: int, cpus_per_client: float = 1.0,
             "client-resources-num-gpus": float(gpus_per_client)}
 
 
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """A file's identity and last change, or None if it does not exist."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
 def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
              federation: dict[str, Any] | None, app_dir: Path = PROJECT, quiet: bool = False,
              log_file: Path | None = None) -> dict[str, Any]:
@@ -227,23 +282,25 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
     out_dir = Path(run_config["output-dir"]).resolve()
     run_dir = out_dir / run_config["run-name"]
     summary = run_dir / "summary.json"
-    if summary.exists():
-        summary.unlink()
+    before = _stamp(summary)  # kept: a refused run must not lose a finished run's summary
     rc = " ".join(f"{k}={toml_value(v)}" for k, v in run_config.items())
     cmd = [_bin("flwr"), "run", str(app_dir), connection, "--stream", "--run-config", rc]
     if federation:  # simulation only; a deployment's SuperNodes are real processes
         cmd += ["--federation-config", " ".join(f"{k}={toml_value(v)}" for k, v in federation.items())]
     log.info("$ %s", " ".join(cmd))
-    sink = open(log_file, "w") if log_file else None  # noqa: SIM115
+    sink = open(log_file, "a") if log_file else None  # noqa: SIM115 - earlier attempts' logs kept
     try:
+        if sink:
+            sink.write(f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
+            sink.flush()
         stdout = sink or (subprocess.DEVNULL if quiet else None)
         proc = subprocess.run(cmd, env=flwr_env(home), cwd=PROJECT, stdout=stdout,
                               stderr=subprocess.STDOUT)
     finally:
         if sink:
             sink.close()
-    if not summary.exists():
+    if _stamp(summary) in (None, before):
         hint = f" (log: {log_file})" if log_file else ""
         raise RunFailed(f"run '{run_config['run-name']}' ended (exit {proc.returncode}) without "
-                        f"{summary}; the ServerApp failed, see its log above{hint}")
+                        f"writing {summary}; the ServerApp failed, see its log above{hint}")
     return json.loads(summary.read_text())

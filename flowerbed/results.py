@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -68,12 +69,18 @@ class RunDir:
                                   f"with resume='{self.path}' or choose another run-name")
             self.path.mkdir(parents=True, exist_ok=True)
             self.metrics_path.write_text("")
+            self.run_id: str | None = uuid.uuid4().hex[:10]  # this run's, wherever it is moved
         else:
             self.rows = self._keep_rows(resume_round)
+            earlier = _read_json(self.path / "config.json")
+            self.run_id = earlier.get("run-id")  # None for runs made before run ids
             config = {**config, "resumed-after-rounds": [
-                *_read_json(self.path / "config.json").get("resumed-after-rounds", []), resume_round]}
+                *earlier.get("resumed-after-rounds", []), resume_round]}
+        if self.run_id:
+            config = {**config, "run-id": self.run_id}
         write_json_atomic(self.path / "config.json", config)
-        self.started = time.time()
+        # a resumed run's wall time includes the rounds it keeps (their "seconds")
+        self.started = time.time() - sum(r.get("seconds") or 0 for r in self.rows)
 
     def _keep_rows(self, resume_round: int) -> list[dict[str, Any]]:
         text = self.metrics_path.read_text() if self.metrics_path.exists() else ""

@@ -238,3 +238,32 @@ def test_a_malformed_or_late_bad_node_is_ignored_not_fatal(cfg, caplog):
     s.discover(WhoamiGrid({1: good}))
     s.running = True
     assert s.discover(late) == 2 and s.ignored_nodes == {4} and s.node_of == {0: 1}
+
+
+def test_two_nodes_claiming_one_partition_and_silent_nodes_mid_run(cfg, caplog):
+    """Regression: two nodes serving partition 0 took turns (the other partition was never
+    trained) with a warning every round; a node that gave no usable whoami answer was asked
+    again at every sampling with a fixed 120 s wait instead of round-timeout."""
+    zero, one = {"partition-id": 0, "num-partitions": 2}, {"partition-id": 1, "num-partitions": 2}
+    with pytest.raises(ConfigError, match="nodes 1 and 3 both serve it"):
+        FedAvgStrategy(cfg).discover(WhoamiGrid({1: zero, 2: one, 3: zero}))
+
+    class Counting(WhoamiGrid):
+        asked: list = []
+
+        def send_and_receive(self, messages, timeout=None):
+            messages = list(messages)
+            self.asked.append(([m.metadata.dst_node_id for m in messages], timeout))
+            return super().send_and_receive([m for m in messages if m.metadata.dst_node_id != 4])
+
+    s = FedAvgStrategy(cfg)
+    s.discover(WhoamiGrid({1: zero, 2: one}))
+    s.running = True
+    grid = Counting({1: zero, 2: one, 3: zero, 4: one})  # 3 claims 0 again, 4 never answers
+    with caplog.at_level("WARNING", logger="flowerbed"):
+        for rnd in (1, 1, 2):  # training and evaluation sample twice in round 1
+            assert s.sample(grid, rnd, 1.0, 0) == [1, 2]
+    assert grid.asked == [([3, 4], cfg.round_timeout), ([3, 4], cfg.round_timeout)]  # once a round
+    assert "node 3 ignored this round: run-config 'partition-id' = 0" in caplog.text
+    s.sample(WhoamiGrid({2: one, 3: zero}), 3, 1.0, 0)  # node 1 left: node 3 takes partition 0
+    assert s.node_of == {0: 3, 1: 2}

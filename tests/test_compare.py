@@ -236,3 +236,23 @@ def test_tables_name_rows_that_change_the_shared_settings():
     table = cmp.markdown_table(results, {"num-server-rounds": 2}, 2)
     assert "Except where a row's own settings change them: fedavg@partition='iid' (partition)." in table
     assert "Except" not in cmp.markdown_table({"fedavg@lr=0.1": {}}, {}, 2)
+
+
+def test_a_refused_run_keeps_the_finished_runs_summary_and_earlier_logs(tmp_path, monkeypatch):
+    """Regression: flwr_run deleted summary.json before `flwr run`, so a run the ServerApp
+    refused (a reused run-name, a resume of a finished run) lost the finished run's summary;
+    the log file of an earlier attempt was overwritten too."""
+    fake = tmp_path / "flwr"
+    fake.write_text("#!/bin/sh\necho refused\nexit 0\n")  # like `flwr run --stream` on a refusal
+    fake.chmod(0o755)
+    monkeypatch.setattr(cmp.engine, "_bin", lambda name: str(fake))
+    run = tmp_path / "done"
+    run.mkdir()
+    (run / "summary.json").write_text('{"final-accuracy": 0.8}')
+    (tmp_path / "done.log").write_text("the first attempt\n")
+    rc = {"output-dir": str(tmp_path), "run-name": "done"}
+    with pytest.raises(cmp.engine.RunFailed, match="without writing"):
+        cmp.engine.flwr_run(tmp_path, "c", rc, None, log_file=tmp_path / "done.log")
+    assert json.loads((run / "summary.json").read_text()) == {"final-accuracy": 0.8}
+    log = (tmp_path / "done.log").read_text()
+    assert log.startswith("the first attempt\n") and log.endswith("refused\n")

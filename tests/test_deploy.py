@@ -9,6 +9,8 @@ takes about a minute; the method runs share one deployment and run concurrently.
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import json
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,7 +23,7 @@ from methods import EXTRA
 from netns import netns_usable
 
 from flowerbed import certs, deploy
-from flowerbed.config import Config
+from flowerbed.config import Config, ConfigError
 from flowerbed.datasets.federated import client_data, export_partitions, read_partition_dir
 from flowerbed.datasets.loading import DataError
 from flowerbed.engine import _alive, free_port
@@ -44,6 +46,34 @@ def test_certificates_and_node_keys_are_what_flower_reads(tmp_path):
     key = load_ssh_private_key((tmp_path / "keys" / "supernode-0").read_bytes(), None)
     assert isinstance(key, ec.EllipticCurvePrivateKey)  # flower-supernode refuses other kinds
     assert isinstance(load_ssh_public_key(pub.read_bytes()), ec.EllipticCurvePublicKey)
+
+
+def test_certificates_pass_strict_x509_verification(tmp_path):
+    """Python >= 3.13's default TLS context (what flwr's HTTP clients use) sets
+    VERIFY_X509_STRICT, which refused our certificates: no key identifiers."""
+    import socket
+    import ssl
+    import threading
+
+    files = certs.make_certs(tmp_path, list(certs.DEFAULT_HOSTS))
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(files["cert"], files["key"])
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+
+        def serve():
+            conn, _ = listener.accept()
+            with contextlib.suppress(ssl.SSLError, OSError):
+                server.wrap_socket(conn, server_side=True).close()
+
+        threading.Thread(target=serve, daemon=True).start()
+        client = ssl.create_default_context(cafile=str(files["ca"]))
+        client.verify_flags |= ssl.VERIFY_X509_STRICT
+        with client.wrap_socket(socket.create_connection(listener.getsockname()),
+                                server_hostname="127.0.0.1") as tls:
+            assert tls.version()
+    assert certs.expires(files["ca"]) > datetime.datetime.now(datetime.UTC)
 
 
 def test_node_config_and_commands():
@@ -208,3 +238,78 @@ def test_up_refuses_certificates_that_do_not_name_the_address(tmp_path):
     # the same names written otherwise are named: addresses compare as addresses, names case-blind
     assert certs.unnamed(tmp_path / "certs" / certs.SERVER_CERT,
                          ["0:0:0:0:0:0:0:1", "[::1]", "LOCALHOST", "10.0.0.5"]) == ["10.0.0.5"]
+
+
+def test_deploy_bookkeeping_survives_reused_pids_damage_and_hangs(tmp_path, monkeypatch):
+    """Found by a review: a stale pids.json made `down` SIGTERM whatever process group had
+    reused a pid; a damaged pids.json and a hanging `flwr` ended in bare tracebacks; a second
+    `up --auth` on one home failed because its keys were registered already."""
+    import subprocess
+    import time
+
+    other = subprocess.Popen(["sleep", "30"], start_new_session=True)  # not ours
+    try:
+        dep = deploy.Deployment(home=tmp_path, insecure=True)
+        dep.pids, dep.starts = {"superlink": other.pid}, {"superlink": 1}  # pid reused since
+        dep.save()
+        assert not deploy.Deployment.load(tmp_path).alive("superlink")
+        assert deploy.down(deploy.Deployment.load(tmp_path)) == []
+        time.sleep(0.2)
+        assert other.poll() is None  # left alone
+        dep.started("superlink", other.pid)  # recorded with its real start time: ours
+        assert deploy.Deployment.load(tmp_path).alive("superlink")
+    finally:
+        other.kill()
+        other.wait()
+    (tmp_path / "pids.json").write_text('{"address": "127.0')
+    with pytest.raises(deploy.DeployError, match="pids.json is damaged"):
+        deploy.Deployment.load(tmp_path)
+
+    hang = tmp_path / "flwr"
+    hang.write_text("#!/bin/sh\nsleep 5\n")
+    hang.chmod(0o755)
+    monkeypatch.setattr(deploy, "_bin", lambda name: str(hang))
+    with pytest.raises(deploy.DeployError, match="did not answer within 0 s"):
+        deploy.flwr_cli(dep, "supernode", "list", timeout=0.2)
+
+    answers = iter([subprocess.CompletedProcess([], 1, "", "Public key already in use."),
+                    subprocess.CompletedProcess([], 1, "", "connection refused")])
+    monkeypatch.setattr(deploy, "flwr_cli", lambda *a, **k: next(answers))
+    deploy.register_node(dep, 0)  # registered by an earlier `up`: fine
+    with pytest.raises(deploy.DeployError, match="connection refused"):
+        deploy.register_node(dep, 0)
+
+
+def test_an_expired_certificate_is_refused_before_anything_starts(tmp_path):
+    certs.make_certs(tmp_path / "certs", list(certs.DEFAULT_HOSTS), days=0)  # expired 5 min ago
+    with pytest.raises(deploy.DeployError, match="expired on .*flowerbed deploy certs"):
+        deploy.up(deploy.Deployment(home=tmp_path), 1)
+    assert not (tmp_path / "pids.json").exists()
+
+
+def test_a_superlink_that_never_opens_its_port_is_stopped(tmp_path, monkeypatch):
+    """engine._start left such a SuperLink running (nobody knew its pid)."""
+    from flowerbed import engine
+
+    fake = tmp_path / "flower-superlink"
+    fake.write_text(f"#!/bin/sh\necho $$ > {tmp_path}/pid\nexec sleep 30\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(engine, "_bin", lambda name: str(fake))
+
+    def never(proc, *a, **k):
+        while not (tmp_path / "pid").exists():
+            pass
+        raise engine.SuperLinkTimeout("did not open its port")
+
+    monkeypatch.setattr(engine, "wait_superlink", never)
+    with pytest.raises(engine.SuperLinkTimeout), open(tmp_path / "log", "ab") as out:
+        engine._start(tmp_path / "home", free_port(), out)
+    assert not _alive(int((tmp_path / "pid").read_text()))
+
+
+def test_run_config_strings_flwr_cannot_read_back_are_refused():
+    from flowerbed.engine import toml_value
+
+    assert toml_value("runs/🌸") == '"runs/🌸"'  # (json's \ud83c escapes broke flwr's TOML)
+    with pytest.raises(ConfigError, match="may not contain"):
+        toml_value('say "hi"')

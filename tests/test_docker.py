@@ -104,3 +104,11 @@ def test_dockerfile_pins_flower_and_keeps_our_dependencies():
     deps = yaml.safe_load("x: " + re.search(r"dependencies = (\[.*?\])", kept, re.S).group(1))["x"]
     assert not any(d.startswith("flwr[") for d in deps) and "flwr-datasets==0.6.*" in deps
     assert (PROJECT / ".dockerignore").read_text().count(".venv") == 1
+
+
+def test_tls_overlay_keeps_the_ca_key_out_of_the_containers():
+    """The overlay mounted the whole certs folder, CA private key included, into the SuperLink
+    and the ServerApp's executor (which runs app code)."""
+    for name, svc in yaml.safe_load((DOCKER / "with-tls.yml").read_text())["services"].items():
+        for volume in svc.get("volumes", []):
+            assert "ca.key" not in volume and not volume.startswith("./certs:"), (name, volume)

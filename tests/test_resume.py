@@ -16,6 +16,7 @@ from inprocess import run_inprocess
 from methods import EXTRA
 
 from flowerbed import checkpoint, engine, faults
+from flowerbed.apps import server_app
 from flowerbed.config import PERSONAL_METHODS, Config, ConfigError
 from flowerbed.registry import METHODS
 from flowerbed.results import read_metrics
@@ -64,8 +65,10 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path, method):
     assert json.loads((tmp_path / "halt" / "config.json").read_text())["resumed-after-rounds"] == [1]
     from flowerbed.client_state import run_key
 
-    key = run_key(tmp_path / "halt")  # the name and a hash of the path
-    assert key.startswith("halt-") and key != run_key(tmp_path / "elsewhere" / "halt")
+    run_id = json.loads((tmp_path / "halt" / "config.json").read_text())["run-id"]
+    key = run_key(tmp_path / "halt", run_id)  # the name and the run's id, kept on resume
+    assert key.startswith("halt-") and run_id != json.loads(
+        (tmp_path / "full" / "config.json").read_text())["run-id"]
     for d in (tmp_path / "client-state" / key).glob("partition-*"):  # the newest state only
         assert [f.name for f in d.iterdir()] == ["round-2.pt"]
     if method in ("scaffold", "local"):  # methods with client state filed it there
@@ -181,6 +184,54 @@ def test_resume_refuses_another_experiment_and_finished_runs(tmp_path):
     run_inprocess(config(tmp_path, "fedavg", "done", resume=str(tmp_path / "done"),
                          **{"num-server-rounds": 3}), 2)
     assert [r["round"] for r in read_metrics(tmp_path / "done")] == [0, 1, 2, 3]
+
+
+def test_a_run_that_died_after_its_last_checkpoint_resumes_to_write_its_summary(tmp_path):
+    """Regression: the last round's checkpoint is written before model.pt and summary.json; a
+    run that died between them was refused ("already finished round 2 of 2") for good."""
+    full = run_inprocess(config(tmp_path, "fedavg", "full"), 2)
+    with pytest.raises(faults.SimulatedCrash):
+        run_inprocess(config(tmp_path, "fedavg", "last", **{"fault-crash-after": 2}), 2)
+    assert not (tmp_path / "last" / "summary.json").exists()
+    done = run_inprocess(config(tmp_path, "fedavg", "last", resume=str(tmp_path / "last")), 2)
+    assert done["final-accuracy"] == full["final-accuracy"] and done["rounds-aggregated"] == 2
+    assert (tmp_path / "last" / "model.pt").exists()
+    assert rows_of(tmp_path / "last") == rows_of(tmp_path / "full")
+
+
+def test_resume_with_another_number_of_clients_is_refused(tmp_path):
+    """The checkpoint records num-partitions: partitions of another split must not restore
+    state trained on this one (only `flowerbed run --resume` checked it before)."""
+    with pytest.raises(faults.SimulatedCrash):
+        run_inprocess(config(tmp_path, "local", "three", **{"fault-crash-after": 1}), 3)
+    with pytest.raises(checkpoint.CheckpointError, match="num-partitions: 3 -> 4"):
+        run_inprocess(config(tmp_path, "local", "three", resume=str(tmp_path / "three")), 4)
+
+
+def test_a_fresh_run_in_a_reused_folder_gets_its_own_client_state(tmp_path):
+    """Regression: client state was keyed by the run folder's path, and `compare` moves an
+    earlier run aside and starts the new one at the same path: a resumed new run restored the
+    old run's filed state. The key is now a run id made at the start and kept on resume."""
+    from flowerbed.results import RunDir
+
+    first = RunDir(tmp_path, "r", {})
+    (tmp_path / "r").rename(tmp_path / "r.old")
+    second = RunDir(tmp_path, "r", {})
+    assert first.run_id and second.run_id and first.run_id != second.run_id
+    second.log_round({"round": 0, "seconds": 5.0})
+    resumed = RunDir(tmp_path, "r", {}, resume_round=0)
+    assert resumed.run_id == second.run_id
+    assert resumed.finish({})["wall-seconds"] >= 5.0  # the kept rounds' time counts too
+
+
+def test_a_run_in_which_every_client_always_failed_is_not_a_result(tmp_path):
+    """Regression: every round skipped still wrote a summary whose best accuracy was the
+    untrained model's, and the launcher showed it as a result."""
+    rc = config(tmp_path, "fedavg", "allfail", **{"fault-fraction": 1.0, "fault-kind": "raise"})
+    with pytest.raises(server_app.NothingAggregated, match="every client failed in all 2 rounds"):
+        run_inprocess(rc, 2)
+    assert not (tmp_path / "allfail" / "summary.json").exists()
+    assert len(read_metrics(tmp_path / "allfail")) == 3  # the rounds' metrics are kept
 
 
 @pytest.mark.parametrize("key, value, match", [

@@ -34,9 +34,13 @@ def main(grid: Grid, context: Context) -> None:
         raise
     try:
         run(grid, cfg)
-    except checkpoint.CheckpointError as e:
+    except (checkpoint.CheckpointError, NothingAggregated) as e:
         log.error("%s", e)
         raise
+
+
+class NothingAggregated(RuntimeError):
+    """Every round of a run was skipped: no client reply was ever aggregated."""
 
 
 def wait_for_nodes(grid: Grid, n: int, timeout: float = 120.0) -> list[int]:
@@ -77,12 +81,12 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
                           f"larger than the number of clients ({num_partitions})")
     strategy.model = method.model(cfg, train)
     device = pick_device()
-    ckpt, output_dir, run_name = _resume_point(cfg)
+    ckpt, output_dir, run_name = _resume_point(cfg, num_partitions)
     run_dir = RunDir(output_dir, run_name,
                      {**cfg.to_run_config(), "num-partitions": num_partitions,
                       "server-device": str(device), **strategy.describe()},
                      resume_round=ckpt["round"] if ckpt else None)
-    strategy.run_key = client_state.run_key(run_dir.path)
+    strategy.run_key = client_state.run_key(run_dir.path, run_dir.run_id)
     log.info("run directory: %s | %s on %s, %s, %d clients, server device %s", run_dir.path,
              cfg.method, cfg.dataset, cfg.partition, num_partitions, device)
 
@@ -124,7 +128,8 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         last["t"] = now
         run_dir.log_round(row)
         if rnd > 0:
-            checkpoint.save(run_dir.path, rnd, arrays, strategy.checkpoint_state(), cfg.to_run_config())
+            checkpoint.save(run_dir.path, rnd, arrays, strategy.checkpoint_state(),
+                            {**cfg.to_run_config(), "num-partitions": num_partitions})
         if rnd > 0 and rnd == cfg.fault_crash_after:
             log.error("fault-crash-after=%d: the ServerApp dies now (checkpoint of round %d written)",
                       rnd, rnd)
@@ -145,6 +150,12 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
                             train_config=ConfigRecord(), evaluate_config=ConfigRecord(),
                             evaluate_fn=end_of_round, first_round=ckpt["round"] + 1 if ckpt else 1)
     rows = run_dir.rows
+    aggregated = sum(1 for r in rows if r["round"] > 0 and not r.get("skipped"))
+    if aggregated == 0:  # every client failed every round: the "result" is the initial model
+        raise NothingAggregated(
+            f"no round aggregated a client reply (every client failed in all "
+            f"{cfg.num_server_rounds} rounds; the reasons are in {run_dir.metrics_path}, "
+            "'failures'); no summary is written, the rounds' metrics and checkpoint are kept")
     final, final_client = _last_with(rows, "accuracy"), _last_with(rows, "client-accuracy")
     summary = {
         "method": cfg.method, "dataset": cfg.dataset, "partition": str(cfg.partition),
@@ -161,9 +172,12 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         "client-failures-total": sum(r.get("clients-failed", 0) for r in rows),
         "bytes-up-per-client-round": _per_client_round(rows, "bytes-up"),
         "server-device": str(device),
+        "rounds-aggregated": aggregated,
     }
     if strategy.model is not None and result.arrays is not None and len(result.arrays):
-        torch.save(result.arrays.to_torch_state_dict(), run_dir.path / "model.pt")
+        tmp = run_dir.path / ".model.pt.tmp"
+        torch.save(result.arrays.to_torch_state_dict(), tmp)
+        tmp.replace(run_dir.path / "model.pt")
     client_state.prune(cfg, strategy.run_key)  # clients' filed state here: the newest only
     summary = run_dir.finish(summary)  # last: its presence means the run finished
     log.info("finished: final accuracy %s, summary in %s", summary["final-accuracy"],
@@ -171,14 +185,19 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     return summary
 
 
-def _resume_point(cfg: Config) -> tuple[dict[str, Any] | None, str, str]:
-    """(checkpoint, output dir, run name): a fresh run, or the one ``resume`` names."""
+def _resume_point(cfg: Config, num_partitions: int) -> tuple[dict[str, Any] | None, str, str]:
+    """(checkpoint, output dir, run name): a fresh run, or the one ``resume`` names. A run that
+    died after its last round's checkpoint but before its summary resumes to write its outputs."""
     if not cfg.resume:
         return None, cfg.output_dir, cfg.run_name or default_run_name(cfg)
     path = Path(cfg.resume).expanduser().resolve()
     ckpt = checkpoint.load(path)
-    checkpoint.check_compatible(ckpt["config"], cfg.to_run_config(), path / checkpoint.FILE)
-    if ckpt["round"] >= cfg.num_server_rounds:
+    current = {**cfg.to_run_config(), "num-partitions": num_partitions}
+    saved = {"num-partitions": num_partitions, **ckpt["config"]}  # older checkpoints lack it
+    checkpoint.check_compatible(saved, current, path / checkpoint.FILE)
+    done = ckpt["round"] > cfg.num_server_rounds or (
+        ckpt["round"] == cfg.num_server_rounds and (path / "summary.json").exists())
+    if done:
         raise checkpoint.CheckpointError(
             f"resume: {path} already finished round {ckpt['round']} of {cfg.num_server_rounds}; "
             "raise num-server-rounds to continue it")

@@ -128,6 +128,8 @@ class FlowerbedFedAvg(FedAvg):
         self.num_partitions: int | None = None
         self.ignored_nodes: set[int] = set()  # nodes whose whoami reply could not be used
         self.running = False  # rounds have begun: a bad node is ignored, not a startup error
+        self.round_asked = 0  # the round whose sampling asks new nodes their partition
+        self.unanswered: dict[int, int] = {}  # node -> the round its whoami last went unused
         self.round = RoundLog()
         self.model: torch.nn.Module | None = None  # the global model's network, set by the ServerApp
         self._sent: list[Message] = []
@@ -151,8 +153,9 @@ class FlowerbedFedAvg(FedAvg):
                 self.node_of.pop(pid, None)
                 self.round.lost.append(pid)
                 log.warning("partition %d (node %d) left the federation", pid, nid)
-            new = sorted(nodes - set(self.partition_of) - self.ignored_nodes)
-            if new:
+            new = sorted(n for n in nodes - set(self.partition_of) - self.ignored_nodes
+                         if not self.running or self.unanswered.get(n) != self.round_asked)
+            if new:  # once rounds run, a node that gave no usable answer is asked once a round
                 self._whoami(grid, new, timeout)
             n = self.num_partitions or 0
             if len(self.node_of) >= n or time.time() >= deadline:
@@ -162,6 +165,7 @@ class FlowerbedFedAvg(FedAvg):
     def _whoami(self, grid: Grid, node_ids: list[int], timeout: float) -> None:
         msgs = [Message(content=RecordDict({"config": ConfigRecord()}), message_type=WHOAMI,
                         dst_node_id=n) for n in node_ids]
+        self.unanswered.update(dict.fromkeys(node_ids, self.round_asked))  # until it answers
         for reply in grid.send_and_receive(msgs, timeout=timeout):
             if reply.has_error():
                 log.warning("node %s did not answer whoami: %s", reply.metadata.src_node_id,
@@ -189,19 +193,24 @@ class FlowerbedFedAvg(FedAvg):
                 log.warning("node %d ignored: %s", node, problem)
                 self.ignored_nodes.add(node)
                 continue
-            self.num_partitions = num
             old = self.node_of.get(pid)
-            if old is not None and old != reply.metadata.src_node_id:
-                log.warning("partition %d now served by node %d (was %d)", pid,
-                            reply.metadata.src_node_id, old)
-                self.partition_of.pop(old, None)
+            if old is not None and old != node:  # (nodes that left were dropped above)
+                problem = ConfigError("partition-id", pid, f"nodes {old} and {node} both serve it")
+                if not self.running:
+                    raise problem
+                log.warning("node %d ignored this round: %s; it is asked again next round "
+                            "(it takes over once node %d has left)", node, problem, old)
+                continue
+            self.unanswered.pop(node, None)
+            self.num_partitions = num
             self.node_of[pid] = reply.metadata.src_node_id
             self.partition_of[reply.metadata.src_node_id] = pid
             self.num_test[pid] = num_test
 
     def sample(self, grid: Grid, server_round: int, fraction: float, stream: int) -> list[int]:
         """Node ids of the sampled partitions, in partition order (deterministic per seed)."""
-        self.discover(grid)
+        self.round_asked = server_round
+        self.discover(grid, timeout=self.cfg.round_timeout)
         available = sorted(self.node_of)
         if not available or fraction <= 0:  # fraction-evaluate = 0: no client-side evaluation
             return []
