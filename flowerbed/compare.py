@@ -74,6 +74,7 @@ def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
     check_labels(methods)
     out = (out or default_out()).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    keep_earlier_tables(out, resume)
     fed = engine.federation_config(num_clients, cpus_per_client, gpus_per_client)
     plan = {}
     for m in methods:
@@ -92,12 +93,7 @@ def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
             if action == "resume":
                 rc["resume"] = str(run_dir)
             elif run_dir.exists():  # a fresh comparison into an old folder: keep the old run aside
-                stamp, n = time.strftime("%Y%m%d-%H%M%S"), 1
-                while (aside := run_dir.with_name(f"{name}.old-{stamp}" + (f"-{n}" if n > 1 else ""))
-                       ).exists():
-                    n += 1
-                run_dir.rename(aside)
-                log.warning("compare: an earlier %s run was moved to %s", m, aside)
+                log.warning("compare: an earlier %s run was moved to %s", m, set_aside(run_dir))
             log.info("compare: %s%s", m, " (resumed)" if "resume" in rc else "")
             try:
                 results[m] = engine.flwr_run(home, conn, rc, fed, log_file=out / f"{name}.log")
@@ -112,6 +108,23 @@ def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
     (out / "table.md").write_text(table + "\n")
     log.info("compare: wrote %s", out)
     return table
+
+
+def set_aside(path: Path) -> Path:
+    """Rename ``path`` to ``<name>.old-<time>[-n]<suffix>`` next to it; returns the new path."""
+    stamp, n = time.strftime("%Y%m%d-%H%M%S"), 1
+    while (aside := path.with_name(f"{path.stem}.old-{stamp}" + (f"-{n}" if n > 1 else "")
+                                   + path.suffix)).exists():
+        n += 1
+    return path.rename(aside)
+
+
+def keep_earlier_tables(out: Path, resume: bool) -> None:
+    """A fresh comparison into a folder that holds an earlier one's tables sets them aside."""
+    if not resume:
+        for f in ("results.json", "table.md", "accuracy.png"):
+            if (out / f).exists():
+                log.warning("compare: the earlier %s was moved to %s", f, set_aside(out / f))
 
 
 def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
@@ -146,6 +159,11 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
     if finished and (done > asked or not stopped):
         raise ConfigError("--resume", str(run_dir), f"the earlier run there finished {done} "
                           f"rounds; this comparison asks for {asked}")
+    from flowerbed.checkpoint import load
+
+    if (reached := load(run_dir)["round"]) > asked:
+        raise ConfigError("--resume", str(run_dir), f"the earlier run there stopped after round "
+                          f"{reached}; this comparison asks for {asked}")
     return "resume"
 
 
@@ -200,6 +218,8 @@ def compare_seeds(methods: list[str], overrides: dict[str, Any], seeds: list[int
     curves). Returns the markdown table of means."""
     check_labels(methods, seeds)
     out = (out or default_out()).resolve()
+    if out.is_dir():
+        keep_earlier_tables(out, resume)
     if resume:  # every seed's earlier runs checked before anything runs
         for s in seeds:
             for m in methods:

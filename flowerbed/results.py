@@ -105,6 +105,8 @@ class RunDir:
         self.rows.append(row)
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(row, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the round's checkpoint, which is fsynced
         log.info(progress_line(row))
 
     def finish(self, summary: dict[str, Any]) -> dict[str, Any]:

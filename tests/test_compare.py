@@ -160,7 +160,13 @@ def test_compare_resume_keeps_finished_and_resumes_stopped(tmp_path, fake_engine
                         ("scaffold", [])):
         (tmp_path / name).mkdir()
         for f in files:
-            (tmp_path / name / f).write_text(json.dumps({"final-accuracy": 0.5}))
+            if f == "checkpoint.pt":
+                from flwr.app import ArrayRecord
+
+                from flowerbed import checkpoint
+                checkpoint.save(tmp_path / name, 2, ArrayRecord(), {}, {})
+            else:
+                (tmp_path / name / f).write_text(json.dumps({"final-accuracy": 0.5}))
         (tmp_path / name / "metrics.jsonl").write_text('{"round": 0}\n')
         (tmp_path / name / "config.json").write_text(json.dumps({"num-server-rounds": 5}))
     calls = {}
@@ -174,9 +180,13 @@ def test_compare_resume_keeps_finished_and_resumes_stopped(tmp_path, fake_engine
     fake_engine(fake_run)
     cmp.compare(["fedavg", "fedprox", "scaffold"], {"seed": 0}, 2, out=tmp_path, resume=True)
     assert calls == {"fedprox": str(tmp_path / "fedprox"), "scaffold": None}
+    with pytest.raises(ConfigError, match="stopped after round 2; this comparison asks for 1"):
+        cmp.earlier_run(tmp_path / "fedprox", {"num-server-rounds": 1}, 2)  # before launching
+    tables = (tmp_path / "table.md").read_text()
     cmp.compare(["scaffold"], {"seed": 0}, 2, out=tmp_path)  # fresh: the old run is moved aside
     assert calls["scaffold"] is None
     assert list(tmp_path.glob("scaffold.old-*"))
+    assert [f.read_text() for f in tmp_path.glob("table.old-*.md")] == [tables]  # and its table
 
 
 def test_tables_put_every_method_on_the_clients_test_splits_too():

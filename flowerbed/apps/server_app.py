@@ -161,6 +161,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         "method": cfg.method, "dataset": cfg.dataset, "partition": str(cfg.partition),
         "seed": cfg.seed, "num-clients": num_partitions, "rounds": cfg.num_server_rounds,
         "final-accuracy": final.get("accuracy"), "final-loss": final.get("loss"),
+        "final-round": final.get("round"),  # the last round that was evaluated
         # the clients' local test splits (personalised accuracy): one column for every method
         "final-client-accuracy": final_client.get("client-accuracy"),
         "best-accuracy": best["accuracy"], "best-round": best["round"],
