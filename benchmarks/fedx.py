@@ -57,7 +57,10 @@ def main() -> None:
     table = seeds_table(res, overrides, 10, seeds)
 
     def acc(name: str, key: str = "final-accuracy") -> float | None:
-        return res.get(name, {}).get(f"{key}-mean")
+        """A row's mean over the seeds; None if a seed failed (means over other seeds than
+        its peer's are not compared)."""
+        row = res.get(name, {})
+        return None if row.get("seeds-failed") else row.get(f"{key}-mean")
 
     floor = acc("fedsimclr", "initial-accuracy")
     checks = {

@@ -2,7 +2,9 @@
 
 10 clients, dirichlet:0.05, the same partitions, seeds and rounds for every method; FedXDS's
 warm-up rounds count towards its rounds. Targets (issue #5): FedXDS final accuracy >= FedAvg
-+ 3 pp, and it reaches FedAvg's final accuracy in at most half of FedAvg's rounds.
++ 3 pp, and it reaches FedAvg's final accuracy in at most half of FedAvg's rounds (read as
+half of the run's rounds, the ones FedAvg trains: <= 10 of 20; the stricter reading, half of
+the rounds FedAvg needed to first reach its own final accuracy, is reported in the README).
 Usage: .venv/bin/python -m benchmarks.fedxds [--rounds 20] [--train-samples 30000]
        .venv/bin/python -m benchmarks.fedxds --num-clients 100 --min-partition-size 1
 (dirichlet:0.05 over 100 clients cannot give every client 10 samples: flwr-datasets gives up

@@ -30,15 +30,21 @@ def main() -> None:
     overrides = {"partition": args.partition, "num-server-rounds": args.rounds, "seed": 0}
     compare(methods, overrides, num_clients=10, out=out)
     results = json.loads((out.resolve() / "results.json").read_text())
-    if args.update and (previous := read_result(f"foundation-{tag}")):
+    previous = read_result(f"foundation-{tag}") if args.update else None
+    if previous and previous.get("config", overrides) != overrides:
+        raise SystemExit(f"--update: the stored results were measured with {previous['config']}, "
+                         f"not {overrides}; rerun every method without --update")
+    if previous:
         results = {**previous["results"], **results}
     table = markdown_table(results, overrides, 10)
     (RESULTS / f"foundation-{tag}.md").write_text(table + "\n")
     fedavg = results.get("fedavg", {}).get("final-accuracy")
+    target_setting = (args.partition, args.rounds) == ("dirichlet:0.5", 20)  # the issue's
     write_result(f"foundation-{tag}", {
-        "table": table, "results": results,
+        "table": table, "results": results, "config": overrides,
         "target": "fedavg final accuracy >= 0.88 (dirichlet:0.5, 20 rounds)",
-        "checks": {"fedavg >= 88 % after 20 rounds": fedavg is not None and fedavg >= 0.88},
+        "checks": {"fedavg >= 88 % after 20 rounds on dirichlet:0.5":
+                   (fedavg is not None and fedavg >= 0.88) if target_setting else None},
     })
 
 
