@@ -154,13 +154,25 @@ def superlink_down(home: Path | None = None) -> int | None:
 def stop_group(pid: int, timeout: float = 15.0) -> None:
     """SIGTERM the process group ``pid`` leads, wait, then SIGKILL whatever of it is left."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
+        if sig == signal.SIGKILL and not _group_alive(pid):
+            return  # every member left after SIGTERM (children too: they get the same grace)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, sig)
         t0 = time.time()
-        while time.time() - t0 < timeout and _alive(pid):
+        while time.time() - t0 < timeout and _group_alive(pid):
             with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
+                os.waitpid(pid, os.WNOHANG)  # reap the leader if it is our child
             time.sleep(0.2)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is left in process group ``pgid``."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+                return True
+    return False
 
 
 def _stat(pid: int) -> list[str] | None:

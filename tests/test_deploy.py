@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -313,3 +314,24 @@ def test_run_config_strings_flwr_cannot_read_back_are_refused():
     assert toml_value("runs/🌸") == '"runs/🌸"'  # (json's \ud83c escapes broke flwr's TOML)
     with pytest.raises(ConfigError, match="may not contain"):
         toml_value('say "hi"')
+
+
+def test_stop_group_gives_the_leaders_children_their_grace_period():
+    """Once the group's leader had exited on SIGTERM, its children got SIGKILL at once (a
+    ClientApp still writing its state was cut off)."""
+    import subprocess
+    import time
+
+    from flowerbed.engine import _group_alive, stop_group
+
+    marker = f"/tmp/flowerbed-grace-{os.getpid()}"
+    script = (f"(trap 'sleep 1; touch {marker}; exit 0' TERM; sleep 30 & wait) & "
+              "trap 'exit 0' TERM; sleep 30 & wait")
+    leader = subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    time.sleep(0.5)
+    try:
+        stop_group(leader.pid, timeout=5)
+        assert os.path.exists(marker) and not _group_alive(leader.pid)  # the child finished
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(marker)
