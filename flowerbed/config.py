@@ -172,6 +172,7 @@ class Config:
     fedxds_lrp_first: str
     fedxds_sparsity: float
     fedxds_mask: str
+    fedxds_noise: str
     fedxds_clip: float
     fedxds_sigma: float
     fedxds_epsilon: float
@@ -286,8 +287,11 @@ class Config:
             raise ConfigError("fedxds-mask", self.fedxds_mask, "use binary, soft or none")
         if self.fedxds_init not in ("scratch", "warmup"):
             raise ConfigError("fedxds-init", self.fedxds_init, "use scratch or warmup")
-        if not 0 <= self.fedxds_sparsity < 1:
-            raise ConfigError("fedxds-sparsity", self.fedxds_sparsity, "must be in [0, 1)")
+        if self.fedxds_noise not in ("secret", "seeded"):
+            raise ConfigError("fedxds-noise", self.fedxds_noise, "use secret or seeded")
+        if not (0 <= self.fedxds_sparsity < 1 and round(784 * (1 - self.fedxds_sparsity)) > 0):
+            raise ConfigError("fedxds-sparsity", self.fedxds_sparsity, "must be in [0, 1) and "
+                              "keep at least one pixel of a 28x28 image (< 0.999)")
         if not 0 < self.fedxds_share_fraction <= 1:
             raise ConfigError("fedxds-share-fraction", self.fedxds_share_fraction, "must be in (0, 1]")
         if not 0 < self.fedxds_delta < 1:

@@ -45,16 +45,26 @@ def pools(cfg: Config) -> tuple[DataSet, DataSet, DataSet]:
     return full.subset(np.sort(pre[k:])), full.subset(np.sort(pre[:k])), full.subset(post)
 
 
+RECIPE_ARGS = {"batch_size": 128, "lr": 1e-3, "momentum": 0.0, "weight_decay": 0.0, "optimizer": "adam"}
+RECIPE = ",".join(f"{k}={v}" for k, v in RECIPE_ARGS.items())
+
+
+def cache_path(cfg: Config, train: DataSet) -> Path:
+    """The cache file of the model pre-trained on ``train``: keyed by its images and labels
+    themselves (two train-samples values can give pools of equal size but other images), the
+    model, seed, epochs, pixel scale and :data:`RECIPE`."""
+    key = (f"{cfg.dataset}|{cfg.model}|{cfg.seed}|{cfg.fedade_pretrain_epochs}|{train.pixels}|"
+           f"{RECIPE}|").encode() + train.x.numpy().tobytes() + train.y.numpy().tobytes()
+    digest = hashlib.sha1(key).hexdigest()[:10]
+    return cache_dir() / f"{cfg.dataset}-{cfg.model}-s{cfg.seed}-{digest}.pt"
+
+
 def pretrained(cfg: Config) -> nn.Module:
     """The centrally pre-trained network (trained once, then loaded from the cache)."""
     train, held, _ = pools(cfg)
     c, h, _ = train.shape
     model = build_model(cfg.model, c, train.num_classes, h)
-    key = f"{cfg.dataset}|{cfg.model}|{cfg.seed}|{cfg.fedade_pretrain_epochs}|{len(train)}"
-    if train.pixels != "standardised":  # (standardised runs keep their earlier cache files)
-        key += f"|{train.pixels}"
-    digest = hashlib.sha1(key.encode()).hexdigest()[:10]
-    path = cache_dir() / f"{cfg.dataset}-{cfg.model}-s{cfg.seed}-{digest}.pt"
+    path = cache_path(cfg, train)
     if path.exists():
         model.load_state_dict(torch.load(path, map_location="cpu"))
         log.info("pre-trained model loaded from %s", path)
@@ -64,13 +74,12 @@ def pretrained(cfg: Config) -> nn.Module:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     log.info("pre-training %s on %d samples (%s pixels) for %d epochs (cached afterwards)",
              cfg.model, len(train), train.pixels, cfg.fedade_pretrain_epochs)
-    train_epochs(model, train, epochs=cfg.fedade_pretrain_epochs, batch_size=128, lr=1e-3,
-                 momentum=0.0, weight_decay=0.0, device=device,
-                 generator=seeded_generator(cfg.seed, 808), optimizer="adam")
+    train_epochs(model, train, epochs=cfg.fedade_pretrain_epochs, device=device,
+                 generator=seeded_generator(cfg.seed, 808), **RECIPE_ARGS)
     model.cpu()
     log.info("pre-trained: held-out accuracy %.4f", evaluate(model, held, device)[1])
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # two runs may pre-train at once
     torch.save(model.state_dict(), tmp)
     os.replace(tmp, path)
     return model

@@ -17,6 +17,8 @@ from tests.conftest import sent
 def test_schedules_at_known_steps():
     lin = schedule("lin", 11)
     assert lin[0] == 0 and lin[5] == pytest.approx(0.5) and lin[10] == 1
+    # half a period of sin comes out as 0.5000000000000001: level 3, not 4
+    assert [severity(w) for w in schedule("sin", 20)[:4]] == [3, 5, 3, 1]
     sin = schedule("sin", 101)  # T' = 100, L = 10
     assert sin[0] == pytest.approx(0.5) and sin[10] == pytest.approx(0.5)
     assert sin[int(10 / 4)] == pytest.approx(0.5 * (1 + math.sin(2 * math.pi * 2 / 10)))
@@ -226,3 +228,16 @@ def test_an_impossible_target_split_is_named_before_round_1():
     with pytest.raises(ConfigError, match=r"post-deployment pool \(300 samples.*over 20 clients"):
         FedADEStrategy(cfg).check_setup(20)
     FedADEStrategy(cfg).check_setup(2)  # possible: no error
+
+
+def test_pretraining_cache_is_keyed_by_the_pool_itself():
+    """Regression: the key held the pool's size, and train-samples 9999 and 10000 give pools of
+    7200 samples with 1234 other images: the second run reused a model trained on the first's
+    pool, some of which was in its own post-deployment stream."""
+    from flowerbed.pretrain import cache_path, pools
+
+    a, b = (Config.from_run_config({"method": "fedade", "train-samples": n,
+                                                     "num-server-rounds": 4}) for n in (9999, 10000))
+    (pa, _, _), (pb, _, _) = pools(a), pools(b)
+    assert len(pa) == len(pb) and cache_path(a, pa) != cache_path(b, pb)
+    assert cache_path(a, pa) == cache_path(a, pools(a)[0])

@@ -145,6 +145,7 @@ def share(**extra):
     ctx = Context(run_id=1, node_id=3, node_config={"partition-id": 0, "num-partitions": 4},
                   state=RecordDict(), run_config=cfg.to_run_config())
     client = ALL_METHODS["fedxds"].client(cfg, ctx)
+    torch.manual_seed(0)  # the same model every call
     model = to_record(make_model(cfg, train_set(cfg)))
     out = client.train(sent(3, RecordDict({"arrays": model, "config": ConfigRecord(
         {"server-round": 3, "fedxds-phase": "share"})})))
@@ -169,6 +170,19 @@ def test_only_masked_and_noised_samples_leave_the_client(kind):
     assert (quiet.mean(1) > 0.3 * sigma).all(), "masked-out pixels are exactly 0: no noise?"
     unmasked, _ = share(**{"fedxds-mask": "none", **LOUD})  # the baseline is caught by the same check
     assert ((np.abs(unmasked.reshape(n, -1)) > 5 * sigma).mean(1) > 0.2).all()
+
+
+def test_the_server_cannot_regenerate_the_noise():
+    """Regression: the noise was drawn from (seed, partition, round), all in the run config, so
+    the server could rebuild it and subtract it exactly. By default it now comes from the OS;
+    'seeded' (reproducible runs) says so."""
+    first, _ = share(**LOUD)
+    again, _ = share(**LOUD)  # the same client, model, samples and round
+    assert np.abs(first - again).mean() > 0.5 * LOUD["fedxds-sigma"]  # fresh noise each time
+    seeded = [share(**LOUD, **{"fedxds-noise": "seeded"})[0] for _ in range(2)]
+    assert np.array_equal(*seeded)
+    with pytest.raises(ConfigError, match="'fedxds-sparsity' = 0.9995"):  # would keep no pixel
+        Config.from_run_config({**SMALL, "fedxds-sparsity": 0.9995})
 
 
 def test_noise_is_mandatory():

@@ -5,10 +5,13 @@ training samples (seeded), computes attributions with its own locally trained mo
 true labels (:mod:`flowerbed.attribution`), masks, clips and noises them
 (:mod:`flowerbed.privacy`) and uploads them with their labels. Nothing unmasked or noise-free
 leaves the client (``fedxds-mask='none'`` is the "unmasked, noised" baseline; noise is always
-added). The pooled D_g arrives once and is kept in ``context.state["fedxds.shared"]``.
+added, drawn from the OS's randomness unless ``fedxds-noise='seeded'``). The pooled D_g
+arrives once and is kept in ``context.state["fedxds.shared"]``.
 """
 
 from __future__ import annotations
+
+import secrets
 
 import numpy as np
 import torch
@@ -32,6 +35,9 @@ class FedXDSClient(Client):
     def shared_samples(self, model: nn.Module, rnd: int) -> ArrayRecord:
         """Privatised (masked, clipped, noised) samples of this client, with their labels."""
         cfg, data = self.cfg, self.train_data
+        if not len(data):
+            raise ValueError(f"partition {self.partition_id} has no training samples to share "
+                             "(min-partition-size allowed an empty partition)")
         rng = np.random.default_rng([cfg.seed, self.partition_id, 17])
         n = max(1, int(round(len(data) * cfg.fedxds_share_fraction)))
         idx = np.sort(rng.permutation(len(data))[:n])
@@ -42,7 +48,10 @@ class FedXDSClient(Client):
         else:
             heat = attribute(model, x, y, cfg.fedxds_attribution,
                              lrp_first=cfg.fedxds_lrp_first).cpu()
-        gen = seeded_generator(cfg.seed, self.partition_id, rnd, 31337)
+        # noise the server could regenerate from the run config would protect nothing: by
+        # default it comes from the OS's randomness, never from the run's seed
+        gen = (seeded_generator(cfg.seed, self.partition_id, rnd, 31337) if cfg.fedxds_noise == "seeded"
+               else torch.Generator().manual_seed(secrets.randbits(63)))
         out = privatise(x.detach().cpu(), heat, sparsity=cfg.fedxds_sparsity,
                         mask_kind=cfg.fedxds_mask, clip=cfg.fedxds_clip, sigma=self.sigma(),
                         generator=gen)

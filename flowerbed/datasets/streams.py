@@ -74,7 +74,8 @@ def label_batch(post_labels: np.ndarray, q_new: np.ndarray, w: float, n: int, rn
 
 
 def severity(w: float) -> int:
-    return int(np.clip(math.ceil(4 * w) + 1, 1, 5))
+    # rounded first: sin(π) is 1.2e-16, and w = 0.5000000000000001 must give level 3, not 4
+    return int(np.clip(math.ceil(round(4 * w, 9)) + 1, 1, 5))
 
 
 def corrupt(x: torch.Tensor, kind: str, level: int, generator: torch.Generator) -> torch.Tensor:
