@@ -91,9 +91,12 @@ def main() -> None:
     for kind in ("binary", "none"):
         shared = privatise(xs, heat, sparsity=args.sparsity, mask_kind=kind, clip=10.0,
                            sigma=args.sigma, generator=torch.Generator().manual_seed(2))
-        # membership: a model trained on L + lambda * CE(shared S)
+        # membership: a model trained on L + lambda * CE(shared S); the same initialisation and
+        # shared-batch order for masked and unmasked (invert_ssim reseeds the global RNG)
+        torch.manual_seed(args.seed + 4)
         model = build_model("cnn", 1, 10, 28)
-        it = iter(torch.randperm(len(shared)).split(64) * (args.epochs * 100))
+        order = torch.randperm(len(shared), generator=torch.Generator().manual_seed(4))
+        it = iter(order.split(64) * (args.epochs * 100))
 
         def hook(m: nn.Module, it=it, shared=shared) -> torch.Tensor:
             idx = next(it)
