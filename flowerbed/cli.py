@@ -86,11 +86,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     overrides["output-dir"] = str(Path(cfg.output_dir).resolve())
     if not overrides.get("run-name"):  # "" too: the launcher must know where the run lands
         overrides["run-name"] = f"{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_run_dir(overrides)  # refusals the ServerApp would make, before anything starts
     fed = engine.federation_config(args.num_clients, args.cpus_per_client, args.gpus_per_client)
     with engine.local_superlink() as (home, conn):
         summary = engine.flwr_run(home, conn, overrides, fed)
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def check_run_dir(overrides: dict[str, Any]) -> None:
+    """A new run into a folder that holds a run, or a resume of a run that finished as many
+    rounds as asked: refused here, not after the simulation has started."""
+    from flowerbed.results import refuse_existing
+
+    run_dir = Path(overrides["output-dir"]) / overrides["run-name"]
+    if not overrides.get("resume"):
+        refuse_existing(run_dir)
+        return
+    if not (run_dir / "config.json").is_file():
+        return  # the ServerApp says what is wrong with it
+    saved = json.loads((run_dir / "config.json").read_text())
+    asked = Config.from_run_config(overrides).num_server_rounds
+    if (run_dir / "summary.json").exists() and asked <= saved.get("num-server-rounds", asked):
+        raise ConfigError("num-server-rounds", asked, f"the run in {run_dir} already finished "
+                          f"{saved.get('num-server-rounds')} rounds; raise it to extend the run")
 
 
 def compare_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -220,7 +239,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         print(f"SuperLink on {dep.address} ({'insecure' if dep.insecure else 'TLS'}"
               f"{', SuperNode auth' if dep.auth else ''}), {args.num_clients} SuperNodes; "
               f"logs in {dep.home / 'logs'}")
-        print(f"now: flowerbed deploy run -c \"method='fedavg'\"   or   FLWR_HOME={dep.home} "
+        at = "" if dep.home == deploy.DEFAULT_HOME else f" --home {dep.home}"
+        print(f"now: flowerbed deploy run{at} -c \"method='fedavg'\"   or   FLWR_HOME={dep.home} "
               f"flwr run . {deploy.CONNECTION} --stream")
     elif args.action == "run":
         overrides = _overrides(args)
@@ -228,6 +248,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         overrides["output-dir"] = str(Path(cfg.output_dir).resolve())
         if not overrides.get("run-name"):
             overrides["run-name"] = f"{cfg.method}-deploy-{time.strftime('%Y%m%d-%H%M%S')}"
+        check_run_dir(overrides)
         print(json.dumps(deploy.run(deploy.Deployment.load(home), overrides), indent=2))
     elif args.action == "status":
         dep = deploy.Deployment.load(home)

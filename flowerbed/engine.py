@@ -8,11 +8,13 @@ process group) when done.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -301,18 +303,38 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
         cmd += ["--federation-config", " ".join(f"{k}={toml_value(v)}" for k, v in federation.items())]
     log.info("$ %s", " ".join(cmd))
     sink = open(log_file, "a") if log_file else None  # noqa: SIM115 - earlier attempts' logs kept
+    tail: collections.deque[str] = collections.deque(maxlen=300)  # for the failure's reason
     try:
         if sink:
             sink.write(f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
             sink.flush()
-        stdout = sink or (subprocess.DEVNULL if quiet else None)
-        proc = subprocess.run(cmd, env=flwr_env(home), cwd=PROJECT, stdout=stdout,
-                              stderr=subprocess.STDOUT)
+        out = sink or (None if quiet else sys.stdout)
+        with subprocess.Popen(cmd, env=flwr_env(home), cwd=PROJECT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
+            for line in proc.stdout:
+                tail.append(line)
+                if out:
+                    out.write(line)
+                    out.flush()
     finally:
         if sink:
             sink.close()
     if _stamp(summary) in (None, before):
-        hint = f" (log: {log_file})" if log_file else ""
-        raise RunFailed(f"run '{run_config['run-name']}' ended (exit {proc.returncode}) without "
-                        f"writing {summary}; the ServerApp failed, see its log above{hint}")
+        where = f"its log: {log_file}" if log_file else "its log is above"
+        raise RunFailed(f"run '{run_config['run-name']}' ended without writing {summary}: "
+                        f"{failure_reason(list(tail), run_dir)} ({where})")
     return json.loads(summary.read_text())
+
+
+_REASON = re.compile(r"\b((?:flowerbed\.[\w.]+\.)?\w*(?:Error|Crash|Aggregated)): (.+)")
+
+
+def failure_reason(lines: list[str], run_dir: Path) -> str:
+    """The ServerApp's own error from the end of a run's output, or a generic line."""
+    for line in reversed(lines):
+        if m := _REASON.search(line):
+            kind, text = m.group(1).rsplit(".", 1)[-1], m.group(2).strip()
+            hint = (f"; continue it with `flowerbed run --resume {run_dir}`"
+                    if kind == "SimulatedCrash" else "")
+            return f"{kind}: {text}{hint}"
+    return "the ServerApp failed"

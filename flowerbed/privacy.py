@@ -14,7 +14,9 @@ rate 1, RDP), a maintained implementation, instead of a hand-written formula; th
 
 from __future__ import annotations
 
+import logging
 import math
+from typing import Any
 
 import torch
 
@@ -48,10 +50,23 @@ def add_noise(x: torch.Tensor, sigma: float, generator: torch.Generator) -> torc
     return x + sigma * torch.randn(x.shape, generator=generator, dtype=x.dtype)
 
 
+def _opacus() -> tuple[Any, Any]:
+    """opacus' RDPAccountant and get_noise_multiplier. opacus calls ``logging.basicConfig`` when
+    imported, which gave the root logger a handler and printed every Flower log line twice;
+    with a handler already there that call does nothing."""
+    root, guard = logging.getLogger(), logging.NullHandler()
+    root.addHandler(guard)
+    try:
+        from opacus.accountants import RDPAccountant
+        from opacus.accountants.utils import get_noise_multiplier
+    finally:
+        root.removeHandler(guard)
+    return RDPAccountant, get_noise_multiplier
+
+
 def sigma_for(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
     """Gaussian-mechanism noise for (ε, δ) per unit ℓ2 distance, by opacus' RDP accountant."""
-    from opacus.accountants.utils import get_noise_multiplier
-
+    get_noise_multiplier = _opacus()[1]
     return sensitivity * get_noise_multiplier(target_epsilon=epsilon, target_delta=delta,
                                               sample_rate=1.0, steps=1, accountant="rdp",
                                               epsilon_tolerance=0.001)
@@ -59,9 +74,7 @@ def sigma_for(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
 
 def epsilon_for(sigma: float, delta: float, sensitivity: float = 1.0) -> float:
     """The ε (per unit distance) that opacus' RDP accountant gives one release at noise σ."""
-    from opacus.accountants import RDPAccountant
-
-    acc = RDPAccountant()
+    acc = _opacus()[0]()
     acc.history = [(sigma / sensitivity, 1.0, 1)]
     return float(acc.get_epsilon(delta))
 

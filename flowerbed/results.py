@@ -62,11 +62,7 @@ class RunDir:
         self.metrics_path = self.path / "metrics.jsonl"
         self.rows: list[dict[str, Any]] = []
         if resume_round is None:
-            if self.metrics_path.exists() and self.metrics_path.stat().st_size > 0:
-                from flowerbed.config import ConfigError
-
-                raise ConfigError("run-name", run_name, f"{self.path} already holds a run; continue it "
-                                  f"with resume='{self.path}' or choose another run-name")
+            refuse_existing(self.path)
             self.path.mkdir(parents=True, exist_ok=True)
             self.metrics_path.write_text("")
             self.run_id: str | None = uuid.uuid4().hex[:10]  # this run's, wherever it is moved
@@ -124,6 +120,17 @@ class RunDir:
         except Exception as e:  # noqa: BLE001 - a plot must never lose a finished run
             log.warning("could not plot accuracy: %s", e)
         return summary
+
+
+def refuse_existing(run_dir: Path) -> None:
+    """A new run never goes into a directory that holds a run's metrics (a ConfigError)."""
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if metrics.exists() and metrics.stat().st_size > 0:
+        from flowerbed.config import ConfigError
+
+        raise ConfigError("run-name", Path(run_dir).name, f"{run_dir} already holds a run; continue "
+                          f"it with `flowerbed run --resume {run_dir}` (plain flwr: "
+                          "resume='<that folder>') or choose another run-name")
 
 
 def pct(v: float | None) -> str:

@@ -266,3 +266,34 @@ def test_a_refused_run_keeps_the_finished_runs_summary_and_earlier_logs(tmp_path
     assert json.loads((run / "summary.json").read_text()) == {"final-accuracy": 0.8}
     log = (tmp_path / "done.log").read_text()
     assert log.startswith("the first attempt\n") and log.endswith("refused\n")
+
+
+def test_a_failed_run_names_the_servers_reason(tmp_path, monkeypatch):
+    """The launcher's line said only "the ServerApp failed"; the reason was in the log."""
+    fake = tmp_path / "flwr"
+    fake.write_text("#!/bin/sh\necho 'Traceback (most recent call last):'\n"
+                    "echo 'flowerbed.apps.server_app.NothingAggregated: no round aggregated a client "
+                    "reply (every client failed)'\necho 'ERROR :     Exit Code: 700'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(cmp.engine, "_bin", lambda name: str(fake))
+    rc = {"output-dir": str(tmp_path), "run-name": "r"}
+    with pytest.raises(cmp.engine.RunFailed, match="NothingAggregated: no round aggregated a client "
+                                                   r"reply \(every client failed\) \(its log: "):
+        cmp.engine.flwr_run(tmp_path, "c", rc, None, log_file=tmp_path / "r.log")
+    crash = ["x", "flowerbed.faults.SimulatedCrash: fault-crash-after=1: the ServerApp stops"]
+    assert "continue it with `flowerbed run --resume /d`" in cmp.engine.failure_reason(crash, "/d")
+
+
+def test_run_refuses_a_taken_folder_or_a_finished_resume_before_starting(tmp_path, monkeypatch, capsys):
+    """Both used to start a SuperLink, Ray and the clients, then fail in the ServerApp."""
+    monkeypatch.setattr(cmp.engine, "local_superlink", lambda *a, **k: pytest.fail("started"))
+    run = tmp_path / "done"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"round": 0}\n')
+    (run / "summary.json").write_text("{}")
+    (run / "config.json").write_text(json.dumps({"num-server-rounds": 2, "num-partitions": 2}))
+    base = ["run", "--num-clients", "2", "-c", f"output-dir='{tmp_path}' train-samples=200"]
+    assert cli.main([*base, "-c", "run-name='done'"]) == 2
+    assert "already holds a run; continue it with `flowerbed run --resume" in capsys.readouterr().err
+    assert cli.main(["run", "--resume", str(run), "-c", "num-server-rounds=2"]) == 2
+    assert "already finished 2 rounds; raise it" in capsys.readouterr().err

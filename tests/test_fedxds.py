@@ -314,3 +314,12 @@ def test_a_skipped_first_main_round_still_restarts_from_the_initial_weights():
     msgs = train_messages(s, 3, warm, grid)  # no second reset: round 3 sends what it is given
     assert all(np.array_equal(m.content["arrays"][k].numpy(), warm[k].numpy())
                for m in msgs for k in warm)
+
+
+def test_calibrating_sigma_leaves_the_root_logger_alone():
+    """opacus' import called logging.basicConfig, and every Flower line was printed twice."""
+    import logging
+
+    before = list(logging.getLogger().handlers)
+    sigma_for(2.0, 1e-5)
+    assert logging.getLogger().handlers == before

@@ -181,7 +181,8 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         tmp.replace(run_dir.path / "model.pt")
     client_state.prune(cfg, strategy.run_key)  # clients' filed state here: the newest only
     summary = run_dir.finish(summary)  # last: its presence means the run finished
-    log.info("finished: final accuracy %s, summary in %s", summary["final-accuracy"],
+    acc = summary["final-accuracy"]
+    log.info("finished: final accuracy %s, summary in %s", "-" if acc is None else f"{acc:.4f}",
              run_dir.path / "summary.json")
     return summary
 
