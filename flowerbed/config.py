@@ -31,7 +31,8 @@ class ConfigError(ValueError):
     """A run-config key has a bad value. The message names the key, the value and what is allowed."""
 
     def __init__(self, key: str, value: Any, allowed: str) -> None:
-        super().__init__(f"run-config '{key}' = {value!r} is invalid: {allowed}")
+        what = "option" if key.startswith("--") else "run-config"  # a command-line flag, or a key
+        super().__init__(f"{what} '{key}' = {value!r} is invalid: {allowed}")
         self.key, self.value, self.allowed = key, value, allowed
 
 

@@ -162,12 +162,13 @@ def progress_line(row: dict[str, Any]) -> str:
 
 def plot_curves(curves: dict[str, list[dict[str, Any]]], out: Path, title: str = "",
                 key: str = "accuracy", xlabel: str = "round", ylabel: str | None = None) -> Path:
-    """One line per run of ``key`` (test accuracy by default) against the rows' ``round``
+    """One line per run of ``key`` (accuracy by default: each run's own measure) against the rows' ``round``
     (which a caller may fill with another index, e.g. Fed-ADE's time step, named by ``xlabel``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, rows in curves.items():
@@ -175,7 +176,9 @@ def plot_curves(curves: dict[str, list[dict[str, Any]]], out: Path, title: str =
         if pts:
             ax.plot(*zip(*pts, strict=True), marker="o", markersize=3, label=name)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel or f"test {key}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds, not 1.2, 1.4, ...
+    # "accuracy", not "test accuracy": personalised methods plot their clients' local test splits
+    ax.set_ylabel(ylabel or key)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
