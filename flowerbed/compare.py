@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import statistics
@@ -81,7 +82,9 @@ def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
         rc = {**overrides, **parse_variant(m)[1], "output-dir": str(out), "run-name": run_label(m)}
         plan[m] = (rc, earlier_run(out / run_label(m), rc, num_clients) if resume else "fresh")
     results: dict[str, dict[str, Any]] = {}
-    with engine.local_superlink() as (home, conn):
+    nothing_to_run = all(action == "keep" for _, action in plan.values())
+    with (contextlib.nullcontext((None, None)) if nothing_to_run  # no SuperLink to start
+          else engine.local_superlink()) as (home, conn):
         for m in methods:
             rc, action = plan[m]
             name = rc["run-name"]

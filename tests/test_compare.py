@@ -297,3 +297,16 @@ def test_run_refuses_a_taken_folder_or_a_finished_resume_before_starting(tmp_pat
     assert "already holds a run; continue it with `flowerbed run --resume" in capsys.readouterr().err
     assert cli.main(["run", "--resume", str(run), "-c", "num-server-rounds=2"]) == 2
     assert "already finished 2 rounds; raise it" in capsys.readouterr().err
+
+
+def test_resume_with_every_run_kept_starts_no_superlink(tmp_path, monkeypatch):
+    run = tmp_path / "fedavg"
+    run.mkdir()
+    rc = {"method": "fedavg", "num-server-rounds": 2}
+    (run / "config.json").write_text(json.dumps(
+        {**Config.from_run_config(rc).to_run_config(), "num-partitions": 2}))
+    (run / "summary.json").write_text('{"final-accuracy": 0.5}')
+    (run / "metrics.jsonl").write_text('{"round": 1, "accuracy": 0.5}\n')
+    monkeypatch.setattr(cmp.engine, "local_superlink", lambda *a, **k: pytest.fail("started"))
+    assert "| fedavg | 50.00 |" in cmp.compare(["fedavg"], {"num-server-rounds": 2}, 2,
+                                               out=tmp_path, resume=True)
