@@ -162,9 +162,13 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
     if finished and (done > asked or not stopped):
         raise ConfigError("--resume", str(run_dir), f"the earlier run there finished {done} "
                           f"rounds; this comparison asks for {asked}")
-    from flowerbed.checkpoint import load
+    from flowerbed.checkpoint import CheckpointError, load
 
-    if (reached := load(run_dir)["round"]) > asked:
+    try:
+        reached = load(run_dir)["round"]
+    except CheckpointError:
+        return "resume"  # the ServerApp refuses it, naming the damage; the other runs go on
+    if reached > asked:
         raise ConfigError("--resume", str(run_dir), f"the earlier run there stopped after round "
                           f"{reached}; this comparison asks for {asked}")
     return "resume"

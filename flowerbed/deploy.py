@@ -39,6 +39,7 @@ from flowerbed.engine import (
     flwr_env,
     flwr_run,
     free_port,
+    ours,
     start_time,
     stop_group,
     toml_value,
@@ -100,6 +101,10 @@ class Deployment:
 
     def alive(self, name: str) -> bool:
         return _alive(self.pids[name], self.starts.get(name))
+
+    def ours(self, name: str) -> bool:
+        """The process, or what is left of its group, still runs (see :func:`engine.ours`)."""
+        return ours(self.pids[name], self.starts.get(name))
 
     def save(self) -> None:
         from flowerbed.results import write_json_atomic
@@ -215,7 +220,7 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
     if num_nodes < 1:
         raise DeployError(f"num-nodes must be >= 1, got {num_nodes}")
     old = dep.home / "pids.json"
-    if old.exists() and any(map((earlier := Deployment.load(dep.home)).alive, earlier.pids)):
+    if old.exists() and any(map((earlier := Deployment.load(dep.home)).ours, earlier.pids)):
         raise DeployError(f"a deployment from {dep.home} is still running; "
                           "stop it first with `flowerbed deploy down`")
     dep.home.mkdir(parents=True, exist_ok=True)
@@ -288,7 +293,7 @@ def down(dep: Deployment) -> list[str]:
     """Stop every process this deployment started (SuperNodes first); returns their names."""
     stopped = []
     for name in sorted(dep.pids, key=lambda n: n == "superlink"):
-        if dep.alive(name):  # a pid reused since (reboot, kill -9) belongs to someone else
+        if dep.ours(name):  # a pid reused since (reboot, kill -9) belongs to someone else
             stop_group(dep.pids[name])
             stopped.append(name)
     with contextlib.suppress(FileNotFoundError):

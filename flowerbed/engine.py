@@ -147,7 +147,7 @@ def superlink_down(home: Path | None = None) -> int | None:
     pid_file = home / "superlink.pid"
     if (pid := _read_pid(pid_file)) is None:
         return None
-    if _alive(*pid):  # not a pid reused by another process since
+    if ours(*pid):  # not a pid reused by another process since
         stop_group(pid[0], timeout=10.0)
     pid_file.unlink()
     return pid[0]
@@ -189,6 +189,17 @@ def start_time(pid: int) -> int | None:
     even after the pid is reused."""
     fields = _stat(pid)
     return int(fields[19]) if fields else None
+
+
+def ours(pid: int, start: int | None) -> bool:
+    """Whether process ``pid`` (started at ``start``) or what is left of its process group still
+    runs: a leader that died leaves its group's id in use, which Linux never hands to a new
+    process, so a group without its leader is still the one we started."""
+    if _alive(pid, start):
+        return True
+    fields = _stat(pid)
+    gone = fields is None or fields[0] == "Z"  # no such process, or the dead leader's zombie
+    return gone and _group_alive(pid)
 
 
 def _alive(pid: int, start: int | None = None) -> bool:
@@ -311,11 +322,15 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
         out = sink or (None if quiet else sys.stdout)
         with subprocess.Popen(cmd, env=flwr_env(home), cwd=PROJECT, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
-            for line in proc.stdout:
-                tail.append(line)
-                if out:
-                    out.write(line)
-                    out.flush()
+            try:
+                for line in proc.stdout:
+                    tail.append(line)
+                    if out:
+                        out.write(line)
+                        out.flush()
+            except BaseException:  # Ctrl-C or a broken terminal: do not leave flwr running
+                proc.terminate()
+                raise
     finally:
         if sink:
             sink.close()
@@ -330,8 +345,12 @@ _REASON = re.compile(r"\b((?:flowerbed\.[\w.]+\.)?\w*(?:Error|Crash|Aggregated))
 
 
 def failure_reason(lines: list[str], run_dir: Path) -> str:
-    """The ServerApp's own error from the end of a run's output, or a generic line."""
-    for line in reversed(lines):
+    """The ServerApp's own error from the end of a run's output, or a generic line: flowerbed's
+    exceptions first, else the last error after the last round's progress line (earlier ones
+    can be clients' errors, which the round survived)."""
+    last_round = max((i for i, ln in enumerate(lines) if "flowerbed: [round " in ln), default=-1)
+    mine = [ln for ln in lines if "flowerbed." in ln]  # e.g. flowerbed.config.ConfigError: ...
+    for line in [*reversed(mine), *reversed(lines[last_round + 1:])]:
         if m := _REASON.search(line):
             kind, text = m.group(1).rsplit(".", 1)[-1], m.group(2).strip()
             hint = (f"; continue it with `flowerbed run --resume {run_dir}`"

@@ -68,6 +68,9 @@ class RunDir:
             self.run_id: str | None = uuid.uuid4().hex[:10]  # this run's, wherever it is moved
         else:
             self.rows = self._keep_rows(resume_round)
+            if (self.path / "summary.json").exists():  # extended: only a new summary says "done"
+                n = len(list(self.path.glob("summary.before-resume-*.json"))) + 1
+                os.replace(self.path / "summary.json", self.path / f"summary.before-resume-{n}.json")
             earlier = _read_json(self.path / "config.json")
             self.run_id = earlier.get("run-id")  # None for runs made before run ids
             config = {**config, "resumed-after-rounds": [

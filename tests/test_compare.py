@@ -310,3 +310,11 @@ def test_resume_with_every_run_kept_starts_no_superlink(tmp_path, monkeypatch):
     monkeypatch.setattr(cmp.engine, "local_superlink", lambda *a, **k: pytest.fail("started"))
     assert "| fedavg | 50.00 |" in cmp.compare(["fedavg"], {"num-server-rounds": 2}, 2,
                                                out=tmp_path, resume=True)
+
+
+def test_failure_reason_skips_client_errors_the_rounds_survived():
+    lines = ["ray: ValueError: partition 3 has no training samples to share\n",
+             "INFO flowerbed: [round 2/3] acc 0.5 ...\n", "Killed (exit code -9)\n"]
+    assert cmp.engine.failure_reason(lines, "/d") == "the ServerApp failed"
+    mine = [*lines[:2], "flowerbed.checkpoint.CheckpointError: resume: x is corrupt\n"]
+    assert cmp.engine.failure_reason(mine, "/d") == "CheckpointError: resume: x is corrupt"

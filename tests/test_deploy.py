@@ -27,7 +27,7 @@ from flowerbed import certs, deploy
 from flowerbed.config import Config, ConfigError
 from flowerbed.datasets.federated import client_data, export_partitions, read_partition_dir
 from flowerbed.datasets.loading import DataError
-from flowerbed.engine import _alive, free_port
+from flowerbed.engine import _alive, free_port, start_time
 from flowerbed.registry import METHODS
 from flowerbed.results import read_metrics
 
@@ -335,3 +335,22 @@ def test_stop_group_gives_the_leaders_children_their_grace_period():
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(marker)
+
+
+def test_down_stops_a_group_whose_leader_died():
+    """Found by a review: down skipped a SuperNode whose leader process had died, leaving its
+    ClientApp (same process group) running, and forgot it."""
+    import signal
+    import subprocess
+    import time
+
+    from flowerbed.engine import _group_alive
+
+    leader = subprocess.Popen(["bash", "-c", "sleep 30 & wait"], start_new_session=True)
+    time.sleep(0.3)
+    dep = deploy.Deployment(home="/nonexistent-flowerbed", insecure=True)
+    dep.pids, dep.starts = {"supernode-0": leader.pid}, {"supernode-0": start_time(leader.pid)}
+    os.kill(leader.pid, signal.SIGKILL)
+    leader.wait()
+    assert _group_alive(leader.pid) and dep.ours("supernode-0")  # its child runs on
+    assert deploy.down(dep) == ["supernode-0"] and not _group_alive(leader.pid)

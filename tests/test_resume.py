@@ -199,6 +199,35 @@ def test_a_run_that_died_after_its_last_checkpoint_resumes_to_write_its_summary(
     assert rows_of(tmp_path / "last") == rows_of(tmp_path / "full")
 
 
+def test_an_extension_that_crashed_resumes_and_old_checkpoints_still_load(tmp_path):
+    """Found by a review of this session's fixes: an extension that died kept the finished
+    run's summary.json, so its resume was refused ("already finished round 3 of 3") and
+    `compare --resume` kept the stale result; and a checkpoint written before a run-config key
+    existed (fedxds-noise) could not be resumed at all."""
+    from flowerbed import cli
+    from flowerbed.compare import earlier_run
+
+    rc = config(tmp_path, "fedavg", "ext")
+    run_inprocess(rc, 2)
+    with pytest.raises(faults.SimulatedCrash):
+        run_inprocess({**rc, "resume": str(tmp_path / "ext"), "num-server-rounds": 3,
+                       "fault-crash-after": 3}, 2)
+    assert not (tmp_path / "ext" / "summary.json").exists()  # set aside when the resume began
+    assert (tmp_path / "ext" / "summary.before-resume-1.json").exists()
+    more = {**rc, "num-server-rounds": 3}
+    assert earlier_run(tmp_path / "ext", more, 2) == "resume"
+    cli.check_run_dir({**more, "resume": str(tmp_path / "ext")})  # not refused up front
+    path = tmp_path / "ext" / checkpoint.FILE
+    raw = torch.load(path, weights_only=True)
+    del raw["config"]["fedxds-noise"], raw["config"]["num-partitions"]  # as before those keys
+    torch.save(raw, path)
+    done = run_inprocess({**more, "resume": str(tmp_path / "ext")}, 2)
+    assert done["rounds-aggregated"] == 3 and (tmp_path / "ext" / "summary.json").exists()
+    path.write_bytes(b"\x00" * 100)  # damaged: that run fails in its ServerApp, not the compare
+    (tmp_path / "ext" / "summary.json").unlink()
+    assert earlier_run(tmp_path / "ext", more, 2) == "resume"
+
+
 def test_resume_with_another_number_of_clients_is_refused(tmp_path):
     """The checkpoint records num-partitions: partitions of another split must not restore
     state trained on this one (only `flowerbed run --resume` checked it before)."""

@@ -195,7 +195,8 @@ def _resume_point(cfg: Config, num_partitions: int) -> tuple[dict[str, Any] | No
     path = Path(cfg.resume).expanduser().resolve()
     ckpt = checkpoint.load(path)
     current = {**cfg.to_run_config(), "num-partitions": num_partitions}
-    saved = {"num-partitions": num_partitions, **ckpt["config"]}  # older checkpoints lack it
+    # keys added since an older checkpoint was written (num-partitions, fedxds-noise, ...)
+    saved = {**{k: v for k, v in current.items() if k not in ckpt["config"]}, **ckpt["config"]}
     checkpoint.check_compatible(saved, current, path / checkpoint.FILE)
     done = ckpt["round"] > cfg.num_server_rounds or (
         ckpt["round"] == cfg.num_server_rounds and (path / "summary.json").exists())

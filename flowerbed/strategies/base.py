@@ -210,7 +210,8 @@ class FlowerbedFedAvg(FedAvg):
     def sample(self, grid: Grid, server_round: int, fraction: float, stream: int) -> list[int]:
         """Node ids of the sampled partitions, in partition order (deterministic per seed)."""
         self.round_asked = server_round
-        self.discover(grid, timeout=self.cfg.round_timeout)
+        # a newcomer's answer is waited for within the round's time, at most 2 minutes a round
+        self.discover(grid, timeout=min(self.cfg.round_timeout, 120.0))
         available = sorted(self.node_of)
         if not available or fraction <= 0:  # fraction-evaluate = 0: no client-side evaluation
             return []
