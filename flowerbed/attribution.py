@@ -2,10 +2,10 @@
 
 Methods: ``lrp`` (captum's LRP with the paper's composite, zennit's EpsilonPlusFlat: the flat rule
 on the first layer, α1β0 on the other convolutions, ε on dense layers, identity for skip
-connections; captum's default ε-rule everywhere would make LRP equal Input×Gradient on a ReLU
-network, and captum has no flat rule, so ``FlatRule`` below adds it), ``ig`` (Integrated
-Gradients, zero baseline), ``ixg`` (Input×Gradient) and ``smoothgrad`` (NoiseTunnel over
-Saliency).
+connections and for BatchNorm (zennit merges it into the convolution before it); captum's
+default ε-rule everywhere would make LRP equal Input×Gradient on a ReLU network, and captum has
+no flat rule, so ``FlatRule`` below adds it), ``ig`` (Integrated Gradients, zero baseline),
+``ixg`` (Input×Gradient) and ``smoothgrad`` (NoiseTunnel over Saliency).
 
 Model support: the CNN and the ResNets run every method. LRP needs every layer to be a module
 with a rule, so both networks flatten functionally and use one ReLU/pooling module per use; in
@@ -57,7 +57,9 @@ def _set_lrp_rules(model: nn.Module, first_rule: str = "flat") -> None:
             m.rule = Alpha1_Beta0_Rule()
         elif isinstance(m, nn.Linear):
             m.rule = EpsilonRule(epsilon=1e-6)
-        elif isinstance(m, nn.Identity):
+        elif isinstance(m, nn.Identity | nn.BatchNorm2d):
+            # BatchNorm (the ResNets): relevance passes unchanged, as if merged into the conv
+            # before it; captum's default ε-rule divided by its near-zero inputs
             m.rule = IdentityRule()
 
 
