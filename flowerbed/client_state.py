@@ -9,9 +9,10 @@ two rounds are kept; after the run, the last). In a resumed run, the first messa
 gets from round r restores the newest file from before round r; methods without client state
 write nothing.
 
-``run-key`` (:func:`run_key`) is the run directory's name plus a hash of its full path, sent by
-the server in every message's config: two runs of the same name in different folders (every
-``flowerbed compare`` names its runs after their methods) never share or prune each other's state.
+``run-key`` (:func:`run_key`) is the run directory's name plus the run's id (kept in its
+config.json), sent by the server in every message's config: two runs of the same name in
+different folders (every ``flowerbed compare`` names its runs after their methods), or a fresh
+run where an earlier one was moved aside, never share or prune each other's state.
 """
 
 from __future__ import annotations

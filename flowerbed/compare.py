@@ -192,8 +192,8 @@ SHARED_KEYS = ("dataset", "partition", "seed", "num-server-rounds", "train-sampl
 
 def exceptions(methods: Any) -> list[str]:
     """A line naming the rows whose @-overrides change a setting the header says is shared."""
-    varied = [f"{m} ({', '.join(k for k in SHARED_KEYS if k in parse_variant(m)[1])})"
-              for m in methods if any(k in parse_variant(m)[1] for k in SHARED_KEYS)]
+    changed = {m: [k for k in SHARED_KEYS if k in parse_variant(m)[1]] for m in methods}
+    varied = [f"{m} ({', '.join(keys)})" for m, keys in changed.items() if keys]
     return ["", "Except where a row's own settings change them: " + "; ".join(varied) + "."
             ] if varied else []
 

@@ -169,11 +169,10 @@ def stop_group(pid: int, timeout: float = 15.0) -> None:
 
 def _group_alive(pgid: int) -> bool:
     """Whether any live (non-zombie) process is left in process group ``pgid``."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
-                return True
+    for proc in Path("/proc").iterdir():
+        fields = _stat(int(proc.name)) if proc.name.isdigit() else None
+        if fields and fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp, ...
+            return True
     return False
 
 

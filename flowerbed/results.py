@@ -69,8 +69,7 @@ class RunDir:
         else:
             self.rows = self._keep_rows(resume_round)
             if (self.path / "summary.json").exists():  # extended: only a new summary says "done"
-                n = len(list(self.path.glob("summary.before-resume-*.json"))) + 1
-                os.replace(self.path / "summary.json", self.path / f"summary.before-resume-{n}.json")
+                os.replace(self.path / "summary.json", self._before_resume("summary.json"))
             earlier = _read_json(self.path / "config.json")
             self.run_id = earlier.get("run-id")  # None for runs made before run ids
             config = {**config, "resumed-after-rounds": [
@@ -91,12 +90,17 @@ class RunDir:
                 break
         kept = [r for r in rows if r.get("round", 0) <= resume_round]
         if len(kept) != len(text.splitlines()):
-            n = len(list(self.path.glob("metrics.before-resume-*.jsonl"))) + 1
-            (self.path / f"metrics.before-resume-{n}.jsonl").write_text(text)
+            self._before_resume("metrics.jsonl").write_text(text)
         tmp = self.metrics_path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
         os.replace(tmp, self.metrics_path)
         return kept
+
+    def _before_resume(self, name: str) -> Path:
+        """The next free ``<stem>.before-resume-<n><suffix>`` beside ``name`` in this run."""
+        stem, suffix = Path(name).stem, Path(name).suffix
+        n = len(list(self.path.glob(f"{stem}.before-resume-*{suffix}"))) + 1
+        return self.path / f"{stem}.before-resume-{n}{suffix}"
 
     def log_round(self, row: dict[str, Any]) -> None:
         """Append one round's metrics and print the one-line progress report."""

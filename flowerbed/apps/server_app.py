@@ -81,10 +81,10 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
                           f"larger than the number of clients ({num_partitions})")
     strategy.model = method.model(cfg, train)
     device = pick_device()
-    ckpt, output_dir, run_name = _resume_point(cfg, num_partitions)
+    identity = {**cfg.to_run_config(), "num-partitions": num_partitions}  # what a resume must match
+    ckpt, output_dir, run_name = _resume_point(cfg, identity)
     run_dir = RunDir(output_dir, run_name,
-                     {**cfg.to_run_config(), "num-partitions": num_partitions,
-                      "server-device": str(device), **strategy.describe()},
+                     {**identity, "server-device": str(device), **strategy.describe()},
                      resume_round=ckpt["round"] if ckpt else None)
     strategy.run_key = client_state.run_key(run_dir.path, run_dir.run_id)
     log.info("run directory: %s | %s on %s, %s, %d clients, server device %s", run_dir.path,
@@ -128,8 +128,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         last["t"] = now
         run_dir.log_round(row)
         if rnd > 0:
-            checkpoint.save(run_dir.path, rnd, arrays, strategy.checkpoint_state(),
-                            {**cfg.to_run_config(), "num-partitions": num_partitions})
+            checkpoint.save(run_dir.path, rnd, arrays, strategy.checkpoint_state(), identity)
         if rnd > 0 and rnd == cfg.fault_crash_after:
             log.error("fault-crash-after=%d: the ServerApp dies now (checkpoint of round %d written)",
                       rnd, rnd)
@@ -187,14 +186,13 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     return summary
 
 
-def _resume_point(cfg: Config, num_partitions: int) -> tuple[dict[str, Any] | None, str, str]:
+def _resume_point(cfg: Config, current: dict[str, Any]) -> tuple[dict[str, Any] | None, str, str]:
     """(checkpoint, output dir, run name): a fresh run, or the one ``resume`` names. A run that
     died after its last round's checkpoint but before its summary resumes to write its outputs."""
     if not cfg.resume:
         return None, cfg.output_dir, cfg.run_name or default_run_name(cfg)
     path = Path(cfg.resume).expanduser().resolve()
     ckpt = checkpoint.load(path)
-    current = {**cfg.to_run_config(), "num-partitions": num_partitions}
     # keys added since an older checkpoint was written (num-partitions, fedxds-noise, ...)
     saved = {**{k: v for k, v in current.items() if k not in ckpt["config"]}, **ckpt["config"]}
     checkpoint.check_compatible(saved, current, path / checkpoint.FILE)
