@@ -344,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"flowerbed: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # what was running is stopped on the way out (flwr_run, up)
+        print("flowerbed: interrupted", file=sys.stderr)
+        return 130
     except Exception as e:  # noqa: BLE001 - one clear line, not a traceback, for users
         from flowerbed.datasets.loading import DataError
         from flowerbed.deploy import DeployError

@@ -321,14 +321,19 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
         out = sink or (None if quiet else sys.stdout)
         with subprocess.Popen(cmd, env=flwr_env(home), cwd=PROJECT, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
+            run_id = None
             try:
                 for line in proc.stdout:
                     tail.append(line)
+                    if run_id is None and (m := _STARTED.search(line)):
+                        run_id = m.group(1)
                     if out:
                         out.write(line)
                         out.flush()
-            except BaseException:  # Ctrl-C or a broken terminal: do not leave flwr running
+            except BaseException:  # Ctrl-C or a broken terminal: leave neither flwr nor the run
                 proc.terminate()
+                if run_id is not None:
+                    stop_run(home, connection, run_id)
                 raise
     finally:
         if sink:
@@ -338,6 +343,25 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
         raise RunFailed(f"run '{run_config['run-name']}' ended without writing {summary}: "
                         f"{failure_reason(list(tail), run_dir)} ({where})")
     return json.loads(summary.read_text())
+
+
+_STARTED = re.compile(r"Successfully started run (\d+)")
+
+
+def stop_run(home: Path, connection: str, run_id: str) -> None:
+    """``flwr stop``: the ServerApp goes on after ``flwr run --stream`` is interrupted (a
+    deployment's SuperLink outlives the launcher). Best effort; says so when it fails."""
+    try:
+        res = subprocess.run([_bin("flwr"), "stop", run_id, connection], env=flwr_env(home),
+                             cwd=PROJECT, capture_output=True, text=True, timeout=30)
+        ok = res.returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if ok:
+        log.warning("interrupted: stopped run %s on %s", run_id, connection)
+    else:
+        log.warning("interrupted: could not stop run %s; stop it with `flwr stop %s %s`",
+                    run_id, run_id, connection)
 
 
 _REASON = re.compile(r"\b((?:flowerbed\.[\w.]+\.)?\w*(?:Error|Crash|Aggregated)): (.+)")

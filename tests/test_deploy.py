@@ -13,6 +13,10 @@ import contextlib
 import datetime
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -211,6 +215,34 @@ def test_every_method_runs_on_the_deployment_engine(every_method, method):
     if method in ("fedfew", "ifca", "fedrep", "local"):
         assert 0 <= last["client-accuracy"] <= 1
         assert {"client-accuracy-min", "client-accuracy-max", "jain-index"} <= set(last)
+
+
+def test_ctrl_c_in_deploy_run_stops_the_run_on_the_superlink(deployment, tmp_path):
+    """The SuperLink outlives the launcher: Ctrl-C must stop the run there (``flwr stop``), not
+    only the local ``flwr run --stream``, or the ServerApp trains on for nobody."""
+    rc = (f"method='fedavg' num-server-rounds=200 train-samples=1000 test-samples=200 "
+          f"min-clients=2 fraction-evaluate=0.0 output-dir='{tmp_path}' run-name='interrupted'")
+    cmd = [sys.executable, "-m", "flowerbed", "deploy", "run", "--home", str(deployment.home),
+           "-c", rc]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # Ctrl-C reaches the terminal's whole group
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "Successfully started run" in line:
+            run_id = line.split()[-1]
+            break
+    else:
+        pytest.fail("".join(lines[-30:]))
+    time.sleep(3)
+    os.killpg(proc.pid, signal.SIGINT)
+    rest = proc.communicate(timeout=90)[0]
+    assert proc.returncode == 130 and "Traceback" not in rest, rest[-3000:]
+    assert f"stopped run {run_id}" in rest, rest[-3000:]
+    res = deploy.flwr_cli(deployment, "list", "--run-id", run_id, deploy.CONNECTION,
+                          "--format", "json")
+    status = json.loads(res.stdout)["runs"][0]["status"]
+    assert "stopped" in status, status
 
 
 @pytest.mark.skipif(netns_usable() is None, reason="done across network namespaces in test_netns.py")
