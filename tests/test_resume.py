@@ -416,3 +416,21 @@ def test_a_message_without_what_the_method_needs_names_it():
                   state=RecordDict(), run_config=cfg.to_run_config())
     with pytest.raises(ValueError, match=r"train message for method 'fedprox': 'arrays' is missing"):
         train(sent(3, RecordDict({"config": ConfigRecord({"server-round": 1})})), ctx)
+
+
+# every way the server averages models: FedAvg's (which the SSL methods, FedXDS and FedAvg-FT
+# share), FedRep's body merge (Fed-ADE's too), SCAFFOLD's, IFCA's per cluster, FedFew's own update
+BATCHNORM_METHODS = ["fedavg", "fedrep", "scaffold", "ifca", "fedfew"]
+
+
+@pytest.mark.parametrize("method", BATCHNORM_METHODS)
+def test_a_batchnorm_model_trains_in_every_round(tmp_path, method):
+    """ResNets hold an int64 buffer (num_batches_tracked); Flower's average returns it float64,
+    and next round every int64 reply was refused as the wrong dtype: rounds 2.. skipped."""
+    rc = config(tmp_path, method, "bn", **{"model": "resnet8", "num-server-rounds": 3,
+                                          "train-samples": 300, "test-samples": 100,
+                                          "eval-every": 3, "probe-every": 3})
+    run_inprocess(rc, 2)
+    rows = read_metrics(tmp_path / "bn")[1:]
+    assert [(r["clients-ok"], r["skipped"]) for r in rows] == [(2, False)] * 3, \
+        [r["failures"] for r in rows]

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log as flog
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
@@ -256,6 +256,8 @@ class FlowerbedFedAvg(FedAvg):
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         arrays, metrics = super().aggregate_train(server_round, replies)
         self.round.train_metrics = dict(metrics or {})
+        if arrays is not None and self._reference is not None:
+            arrays = cast_like(arrays, self._reference)
         return arrays, metrics
 
     # ------------------------------------------------------------------ the round loop
@@ -532,6 +534,20 @@ class FlowerbedFedAvg(FedAvg):
         """The finished round's log (the ServerApp calls this once per round)."""
         out, self.round = self.round, RoundLog()
         return out
+
+
+def cast_like(rec: ArrayRecord, ref: ArrayRecord) -> ArrayRecord:
+    """``rec`` with each array in the dtype ``ref`` gives it (integers rounded). Flower's
+    ``aggregate_arrayrecords`` multiplies by a Python float, so an int64 buffer (BatchNorm's
+    ``num_batches_tracked``) comes back float64, and next round's int64 replies would no longer
+    match the model they were sent."""
+    out = {}
+    for k, arr in rec.items():
+        v, want = arr.numpy(), np.dtype(ref[k].dtype) if k in ref else None
+        if want is not None and v.dtype != want:
+            v = np.asarray((np.rint(v) if np.issubdtype(want, np.integer) else v).astype(want))
+        out[k] = Array(v)
+    return ArrayRecord(out)
 
 
 def same_shapes(rec: ArrayRecord, ref: ArrayRecord) -> str | None:

@@ -14,7 +14,7 @@ import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from flowerbed.strategies.base import metric_record
+from flowerbed.strategies.base import cast_like, metric_record
 from flowerbed.strategies.personal import KModelStrategy, pack
 
 
@@ -37,7 +37,8 @@ class IFCAStrategy(KModelStrategy):
             members = [r.content for r in valid
                        if metric_record(r.content)["cluster"] == k]
             sizes.append(len(members))
-            new.append(aggregate_arrayrecords(members, self.weighted_by_key) if members else old)
+            new.append(cast_like(aggregate_arrayrecords(members, self.weighted_by_key), old)
+                       if members else old)
         metrics = self.train_metrics_aggr_fn([RecordDict({"m": metric_record(r.content)})
                                               for r in valid], self.weighted_by_key)
         metrics = MetricRecord({**{k: v for k, v in metrics.items() if k != "cluster"},

@@ -21,7 +21,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from flowerbed.strategies.base import FlowerbedFedAvg, metric_record
+from flowerbed.strategies.base import FlowerbedFedAvg, cast_like, metric_record
 
 SERVER_CV = "server_cv"
 CV_DELTA = "cv_delta"
@@ -58,10 +58,11 @@ class ScaffoldStrategy(FlowerbedFedAvg):
         avg = aggregate_arrayrecords(models, self.weighted_by_key)
         eta = self.cfg.scaffold_server_lr
         if eta != 1.0 and self._reference is not None:
-            avg = ArrayRecord({k: Array((self._reference[k].numpy()
-                                         + eta * (avg[k].numpy() - self._reference[k].numpy()))
-                                        .astype(self._reference[k].numpy().dtype))
+            avg = ArrayRecord({k: Array(self._reference[k].numpy()
+                                        + eta * (avg[k].numpy() - self._reference[k].numpy()))
                                for k in avg})
+        if self._reference is not None:
+            avg = cast_like(avg, self._reference)
         n_total = max(self.num_partitions or len(valid), len(valid))
         for pid, r in zip(self.round.ok, valid, strict=True):  # both in partition order
             for k, arr in r.content[CV_DELTA].items():
