@@ -198,6 +198,17 @@ def exceptions(methods: Any) -> list[str]:
             ] if varied else []
 
 
+def skipped_rounds(results: dict[str, dict[str, Any]]) -> list[str]:
+    """A line naming the runs some of whose rounds kept the previous model (too few valid
+    replies): their accuracy is not that of the rounds the header states."""
+    short = [f"{m} ({s['rounds'] - s['rounds-aggregated']} of {s['rounds']})"
+             for m, s in results.items()
+             if "error" not in s and s.get("rounds-aggregated") is not None
+             and s["rounds-aggregated"] < s["rounds"]]
+    return ["", "Rounds skipped (fewer than min-clients valid replies; the reasons are under "
+            "'failures' in the run's metrics.jsonl): " + "; ".join(short) + "."] if short else []
+
+
 def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any], n: int) -> str:
     client = any(s.get(CLIENT_ACC) is not None for s in results.values())
     cols: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
@@ -212,7 +223,8 @@ def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any]
                   else [cell(s) for _, cell in cols])] for m, s in results.items()]
     lines = [f"Same partitions and seed for every method: {_title(overrides, n)}, "
              f"{overrides.get('num-server-rounds')} rounds.", "",
-             *md_table(["method", *(h for h, _ in cols)], rows), *exceptions(results)]
+             *md_table(["method", *(h for h, _ in cols)], rows), *exceptions(results),
+             *skipped_rounds(results)]
     return "\n".join(lines + (["", ACC_NOTE] if client else []))
 
 

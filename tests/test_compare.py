@@ -248,6 +248,14 @@ def test_tables_name_rows_that_change_the_shared_settings():
     assert "Except" not in cmp.markdown_table({"fedavg@lr=0.1": {}}, {}, 2)
 
 
+def test_tables_name_runs_with_skipped_rounds():
+    results = {"fedavg": {"rounds": 5, "rounds-aggregated": 1}, "ifca": {"rounds": 5,
+               "rounds-aggregated": 5}, "old": {"rounds": 5}, "x": {"error": "boom"}}
+    table = cmp.markdown_table(results, {"num-server-rounds": 5}, 2)
+    assert "Rounds skipped (fewer than min-clients valid replies" in table
+    assert table.endswith("metrics.jsonl): fedavg (4 of 5).")
+
+
 def test_a_refused_run_keeps_the_finished_runs_summary_and_earlier_logs(tmp_path, monkeypatch):
     """Regression: flwr_run deleted summary.json before `flwr run`, so a run the ServerApp
     refused (a reused run-name, a resume of a finished run) lost the finished run's summary;

@@ -93,6 +93,8 @@ def test_public_set_is_fixed_unlabelled_and_disjoint():
     assert len(train_set(cfg)) == 1080
     with pytest.raises(ConfigError, match="'public-fraction'.*needs a public set"):
         Config.from_run_config({"method": "fedcc"})
+    with pytest.raises(ConfigError, match="'public-fraction'.*no public sample out of 1200"):
+        train_set(Config.from_run_config({**SMALL, "public-fraction": 0.0004}))
 
 
 def test_pathological_one_class_each_all_classes_equal_counts():
@@ -105,6 +107,20 @@ def test_pathological_one_class_each_all_classes_equal_counts():
     for c in range(10):  # each class split equally between the two clients that hold it
         held = hist2[:, c][hist2[:, c] > 0]
         assert len(held) == 2 and abs(int(held[0]) - int(held[1])) <= 1
+
+
+@pytest.mark.parametrize("model", ["cnn", "resnet8"])
+def test_hetero_models_halves_the_width_of_odd_partitions(model):
+    """hetero-models used to give every client the same ResNet (width reached only the CNN)."""
+    cfg = Config.from_run_config({**SMALL, "method": "fedcc", "model": model})
+    sizes = []
+    for pid in (0, 1):
+        ctx = Context(run_id=1, node_id=3, node_config={"partition-id": pid, "num-partitions": 10},
+                      state=RecordDict(), run_config=cfg.to_run_config())
+        net = METHODS["fedcc"].client(cfg, ctx).new_model()
+        assert net(torch.zeros(2, 1, 28, 28)).shape == (2, 11)
+        sizes.append(sum(p.numel() for p in net.parameters()))
+    assert sizes[1] < 0.4 * sizes[0]
 
 
 @pytest.mark.parametrize("method", ["fedcc", "feddf", "fedmd"])
@@ -130,6 +146,10 @@ def test_client_uploads_only_the_prediction_matrix(method):
         with pytest.raises(ValueError, match=r"'soft_targets' has shape .* expected \(120, 10\)"):
             client.train(sent(3, RecordDict({"config": ConfigRecord({"server-round": 3}),
                                              "soft_targets": bad})))
+    bad = ArrayRecord({"soft_targets": Array(np.full((120, 10), np.inf, np.float32))})
+    with pytest.raises(ValueError, match="'soft_targets' holds NaN or inf"):
+        client.train(sent(3, RecordDict({"config": ConfigRecord({"server-round": 3}),
+                                         "soft_targets": bad})))
 
 
 def two_client_strategy() -> FedCCStrategy:
@@ -152,6 +172,34 @@ def test_server_rejects_an_upload_with_weights():
     assert out["soft_targets"].numpy().shape == (120, 10)
     assert [f["partition"] for f in s.round.failed] == [1]
     assert "only the predictions may be uploaded" in s.round.failed[0]["reason"]
+
+
+def test_replies_that_would_poison_the_soft_targets_are_refused():
+    """One accepted reply with a slightly negative probability (FedDF), p(unknown) above 1
+    (FedCC: a negative weight 1 - p_u) or huge class scores (FedMD: a float32 mean of inf) gave
+    targets on which every client's distillation loss was NaN; every later round was skipped,
+    and a skipped round resends the same targets."""
+    s = two_client_strategy()
+    good = np.full((120, 11), 1 / 11, np.float32)
+    neg = good.copy()
+    neg[:, 0], neg[:, 1] = -1e-4, 1 / 11 + 1e-4
+
+    def content(p):
+        return RecordDict({PREDICTIONS: ArrayRecord({"p": Array(p)}),
+                           "metrics": MetricRecord({"num-examples": 10})})
+
+    out, _ = s.aggregate_train(1, [reply(s._sent[0], content(good)), reply(s._sent[1], content(neg))])
+    assert [f["partition"] for f in s.round.failed] == [1]
+    assert "not probability vectors" in s.round.failed[0]["reason"]
+    assert (out["soft_targets"].numpy() >= 0).all()
+    # p(unknown) a little above 1, within the sum tolerance: its weight is 0, not negative
+    targets = aggregate_fedcc(np.array([[[4e-4, 0.0, 1.0005]], [[0.0, 6e-4, 0.9994]]]))
+    assert (targets >= 0).all() and targets.sum() == pytest.approx(1.0)
+    fedmd = METHODS["fedmd"].strategy(Config.from_run_config({**SMALL, "method": "fedmd",
+                                                              "min-clients": 1}))
+    fedmd.num_classes, fedmd.n_public = 10, 120
+    assert "class scores beyond" in fedmd._check_matrix(
+        ArrayRecord({"p": Array(np.full((120, 10), 3e38, np.float32))}), 120)
 
 
 def test_server_warns_about_a_client_without_unknown(caplog):

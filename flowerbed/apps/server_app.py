@@ -155,6 +155,12 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
             f"no round aggregated a client reply (every client failed in all "
             f"{cfg.num_server_rounds} rounds; the reasons are in {run_dir.metrics_path}, "
             "'failures'); no summary is written, the rounds' metrics and checkpoint are kept")
+    if aggregated < cfg.num_server_rounds:
+        skipped = [r["round"] for r in rows if r.get("skipped")]
+        log.warning("only %d of %d rounds aggregated client replies (skipped: %s; the reasons are "
+                    "under 'failures' in %s)", aggregated, cfg.num_server_rounds,
+                    ", ".join(map(str, skipped[:10])) + (" ..." if len(skipped) > 10 else ""),
+                    run_dir.metrics_path)
     final, final_client = _last_with(rows, "accuracy"), _last_with(rows, "client-accuracy")
     summary = {
         "method": cfg.method, "dataset": cfg.dataset, "partition": str(cfg.partition),

@@ -2,7 +2,7 @@
 
 The model never leaves the client: it lives in ``context.state["distill.model"]`` between
 rounds (in simulation and deployment alike); only predictions on the public set are uploaded.
-With ``hetero-models``, odd partitions use a half-width CNN, even ones the full CNN.
+With ``hetero-models``, odd partitions use a half-width model (CNN or ResNet), even ones the full one.
 """
 
 from __future__ import annotations
@@ -90,6 +90,8 @@ class DistillClient(Client):
         if targets is not None and tuple(targets.shape) != want:  # extra rows or one column: silent
             raise ValueError(f"'{SOFT_TARGETS}' has shape {tuple(targets.shape)}, expected {want} "
                              "(public samples x classes)")
+        if targets is not None and not torch.isfinite(targets).all():
+            raise ValueError(f"'{SOFT_TARGETS}' holds NaN or inf values")
         metrics = self.local_update(model, targets, gen)
         self.context.state[STATE] = to_record(model)
         preds = predict(model, self.public, self.device, probabilities=self.probabilities)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flowerbed.config import Config
+from flowerbed.config import Config, ConfigError
 from flowerbed.datasets.loading import (
     IMAGE_SHAPES,
     NUM_CLASSES,
@@ -41,6 +41,9 @@ def public_indices(cfg: Config) -> np.ndarray:
     """Indices (into the training set) of the public set: a seeded ``public-fraction``, sorted."""
     n = len(full_train(cfg))
     k = int(round(n * cfg.public_fraction))
+    if cfg.public_fraction > 0 and k < 1:
+        raise ConfigError("public-fraction", cfg.public_fraction, f"gives no public sample out of "
+                          f"{n} training samples: raise it (or train-samples)")
     return np.sort(np.random.default_rng([cfg.seed, 3]).permutation(n)[:k])
 
 

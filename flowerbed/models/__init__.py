@@ -27,13 +27,13 @@ def build_model(name: str, in_channels: int, num_classes: int, image_size: int =
                 width: float = 1.0):
     """Build the network called ``name`` (``cnn``, ``resnet8``, ``resnet18``).
 
-    ``width`` scales the CNN's channels and hidden units (heterogeneous clients use 0.5).
+    ``width`` scales the channels (and the CNN's hidden units); heterogeneous clients use 0.5.
     """
     if name == "cnn":
         return CNN(in_channels=in_channels, num_classes=num_classes, image_size=image_size,
                    width=width)
     if name == "resnet8":
-        return resnet8(in_channels=in_channels, num_classes=num_classes)
+        return resnet8(in_channels=in_channels, num_classes=num_classes, width=width)
     if name == "resnet18":
-        return resnet18(in_channels=in_channels, num_classes=num_classes)
+        return resnet18(in_channels=in_channels, num_classes=num_classes, width=width)
     raise ValueError(f"unknown model '{name}'; known: cnn, resnet8, resnet18")

@@ -62,11 +62,16 @@ class ResNet(nn.Module):
         return self.linear(self.features(x))
 
 
-def resnet8(in_channels: int = 3, num_classes: int = 10) -> ResNet:
-    """ResNet-8: stem conv + 3 stages of one BasicBlock (64/128/256 channels) + fc = 8 layers."""
-    return ResNet([1, 1, 1], [64, 128, 256], in_channels, num_classes)
+def _scaled(widths: list[int], width: float) -> list[int]:
+    return [max(1, round(w * width)) for w in widths]
 
 
-def resnet18(in_channels: int = 3, num_classes: int = 10) -> ResNet:
-    """ResNet-18 as in the CIFAR literature: [2, 2, 2, 2] BasicBlocks, widths 64-512."""
-    return ResNet([2, 2, 2, 2], [64, 128, 256, 512], in_channels, num_classes)
+def resnet8(in_channels: int = 3, num_classes: int = 10, width: float = 1.0) -> ResNet:
+    """ResNet-8: stem conv + 3 stages of one BasicBlock (64/128/256 channels × ``width``) + fc
+    = 8 layers."""
+    return ResNet([1, 1, 1], _scaled([64, 128, 256], width), in_channels, num_classes)
+
+
+def resnet18(in_channels: int = 3, num_classes: int = 10, width: float = 1.0) -> ResNet:
+    """ResNet-18 as in the CIFAR literature: [2, 2, 2, 2] BasicBlocks, widths 64-512 (× ``width``)."""
+    return ResNet([2, 2, 2, 2], _scaled([64, 128, 256, 512], width), in_channels, num_classes)

@@ -23,6 +23,8 @@ from flowerbed.strategies.base import FlowerbedFedAvg, metric_record
 SOFT_TARGETS = "soft_targets"
 PREDICTIONS = "predictions"
 TEST_PREDICTIONS = "test_predictions"
+#: FedMD's class scores beyond this are refused: ten replies of 3e38 average to inf in float32
+MAX_SCORE = 1e4
 
 
 class DistillStrategy(FlowerbedFedAvg):
@@ -77,8 +79,10 @@ class DistillStrategy(FlowerbedFedAvg):
             return f"predictions have shape {a.shape}, expected {(rows, width)}"
         if not np.isfinite(a.astype(np.float32)).all():  # (float64 values can overflow it)
             return "predictions hold NaN or inf values, or values beyond float32's range"
-        if self.probabilities and (a.min() < -1e-4 or abs(a.sum(1) - 1).max() > 1e-3):
-            return "predictions are not probability vectors"
+        if self.probabilities and (a.min() < 0 or abs(a.sum(1) - 1).max() > 1e-3):
+            return "predictions are not probability vectors (negative, or rows not summing to 1)"
+        if not self.probabilities and abs(a).max() > MAX_SCORE:
+            return f"class scores beyond ±{MAX_SCORE:g} (their mean could overflow float32)"
         return None
 
     def check_reply(self, reply: Message, is_train: bool) -> str | None:

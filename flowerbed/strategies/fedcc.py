@@ -27,7 +27,7 @@ def aggregate_fedcc(preds: np.ndarray) -> np.ndarray:
     When every client says "unknown" for a sample, the weights fall back to equal (an ε in
     each weight) and, if no class mass remains, the target is uniform.
     """
-    known_mass = 1.0 - preds[..., -1]                                  # [K, N]
+    known_mass = np.clip(1.0 - preds[..., -1], 0.0, 1.0)  # [K, N]; a reply's row may sum to 1 ± 1e-3
     mu = (known_mass + EPS) / (known_mass + EPS).sum(0, keepdims=True)
     agg = (mu[..., None] * preds).sum(0)[:, :-1]                       # [N, C]
     total = agg.sum(1, keepdims=True)
