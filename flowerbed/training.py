@@ -73,16 +73,20 @@ def make_optimizer(model: nn.Module, lr: float, momentum: float, weight_decay: f
 def train_epochs(model: nn.Module, data: DataSet, *, epochs: int, batch_size: int, lr: float,
                  momentum: float, weight_decay: float, device: torch.device,
                  generator: torch.Generator, loss_hook: LossHook | None = None,
-                 grad_hook: GradHook | None = None, optimizer: str = "sgd") -> tuple[float, int]:
+                 grad_hook: GradHook | None = None, optimizer: str = "sgd",
+                 last_epoch: bool = False) -> tuple[float, int]:
     """Supervised cross-entropy training; returns (mean loss, number of optimiser steps).
 
     ``loss_hook(model)`` adds a term to each batch's loss (FedProx's proximal term);
-    ``grad_hook(model)`` edits gradients before each step (SCAFFOLD's correction).
+    ``grad_hook(model)`` edits gradients before each step (SCAFFOLD's correction);
+    ``last_epoch``: the mean loss of the last epoch only (FedFew's L_ik), not of all epochs.
     """
     model.to(device).train()
     opt = make_optimizer(model, lr, momentum, weight_decay, optimizer)
     total, count, steps = 0.0, 0, 0
     for _ in range(epochs):
+        if last_epoch:
+            total, count = 0.0, 0
         for xb, yb in batches(data, batch_size, device, generator):
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(xb), yb)

@@ -250,3 +250,23 @@ def test_scaffold_client_adopts_its_c_i_only_once_the_server_took_its_delta():
     second = bias(ctx, PENDING)
     train(c, 3, {"2": 2})  # round 2's delta was taken: its c_i+ is adopted
     assert np.array_equal(bias(ctx, STATE_KEY), second)
+
+
+def test_fedfew_reports_the_last_local_epochs_loss():
+    """L_ik is the mean loss of the last local epoch (papers.md §5.7, 2), not of all epochs."""
+    import torch
+
+    from flowerbed.clients.base import make_model
+    from flowerbed.training import train_epochs
+
+    c, cfg, _ = client("fedfew")
+
+    def run(epochs, last):
+        torch.manual_seed(0)
+        model = make_model(cfg, c.train_data)
+        return train_epochs(model, c.train_data, epochs=epochs, batch_size=len(c.train_data),
+                            lr=0.1, momentum=0.0, weight_decay=0.0, device=torch.device("cpu"),
+                            generator=torch.Generator().manual_seed(1), last_epoch=last)[0]
+
+    first, both, last = run(1, False), run(2, False), run(2, True)
+    assert last == pytest.approx(2 * both - first, rel=1e-5) and last < first

@@ -1,8 +1,8 @@
 """FedFew client: train each of the K server models on the local data; pick the best to serve.
 
 Training (plain local SGD on each model, independently seeded) returns the K updated models
-and their K training losses (the mean mini-batch loss while training, as the official code
-reports). Evaluation picks k* = argmin_k of the mean cross-entropy of the received model k on
+and their K training losses (the mean mini-batch loss of the last local epoch, as the official
+code reports). Evaluation picks k* = argmin_k of the mean cross-entropy of the received model k on
 the client's training split, and scores model k* on its local test split.
 """
 
@@ -46,7 +46,7 @@ class FedFewClient(MultiModelClient):
             loss, _ = train_epochs(
                 model, self.train_data, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
                 lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=self.device,
-                generator=seeded_generator(cfg.seed, self.partition_id, rnd, k))
+                generator=seeded_generator(cfg.seed, self.partition_id, rnd, k), last_epoch=True)
             out[f"model.{k}"] = to_record(model)
             losses.append(float(loss))
         metrics = {"num-examples": len(self.train_data), "losses": losses, "train-loss": min(losses)}
