@@ -114,6 +114,12 @@ def test_own_data_folder_equals_the_seeded_partition(tmp_path, caplog):
         in caplog.text
     with pytest.raises(DataError, match="holds fashion-mnist, the run uses cifar10"):
         read_partition_dir(Config.from_run_config({"dataset": "cifar10"}), folders[0], 0)
+    # exported without local test splits, read by a run that asks for them: split, and said
+    plain = export_partitions(cfg.replace(local_test_fraction=0.0), 3, tmp_path / "plain")
+    assert not (plain[0] / "test-images.idx.gz").exists()
+    with caplog.at_level("WARNING", logger="flowerbed"):
+        tr, te = read_partition_dir(cfg.replace(local_test_fraction=0.2), plain[0], 0, 3)
+    assert len(te) == round(0.2 * (len(tr) + len(te))) and "local-test-fraction=0.0" in caplog.text
     (folders[2] / "test-labels.idx.gz").unlink()
     with pytest.raises(DataError, match="come in pairs"):
         read_partition_dir(cfg, folders[2], 2)

@@ -147,7 +147,7 @@ def test_fedade_end_to_end(superlink, tmp_path):
 
 
 def test_server_refuses_impossible_split_before_round_1(superlink, tmp_path):
-    with pytest.raises(engine.RunFailed):
+    with pytest.raises(engine.RunFailed, match="ClientSetupError: none of the 3 connected nodes"):
         run(superlink, tmp_path, "bad", partition="pathological:11")
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()
     log = (tmp_path / "bad.log").read_text()

@@ -84,6 +84,23 @@ def test_client_split_fraction_and_disjoint():
     assert np.array_equal(te, te2)
 
 
+def test_a_single_sample_client_keeps_it_for_training():
+    """With local-test-fraction >= 0.5 a one-sample client used to get (0 train, 1 test): every
+    training reply was then refused as having no samples."""
+    for frac in (0.2, 0.6):
+        tr, te = client_split(np.array([7]), frac, seed=0, partition_id=1)
+        assert tr.tolist() == [7] and te.tolist() == []
+    tr, te = client_split(np.array([7, 8]), 0.9, seed=0, partition_id=1)
+    assert len(tr) == 1 and len(te) == 1
+
+
+def test_an_impossible_dirichlet_minimum_size_is_refused_up_front():
+    from flowerbed.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"'min-partition-size'.*30 clients x 10 exceeds the 200"):
+        partition_indices(LABELS[:200], parse_partition("dirichlet:0.5"), 30, 0, 10)
+
+
 def test_a_split_that_leaves_classes_to_no_client_is_named(caplog):
     """pathological:1 over 5 clients holds 5 of 10 classes: the rest is dropped silently by
     flwr-datasets (its own warning names an option flowerbed does not expose)."""

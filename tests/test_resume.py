@@ -306,6 +306,23 @@ def test_nodes_that_never_say_their_partition_are_a_clear_error(tmp_path):
     assert SilentGrid.timeouts == [7.0]
 
 
+def test_nodes_that_all_fail_whoami_name_their_error(tmp_path, monkeypatch):
+    """An impossible split under plain `flwr run` (no launcher preflight): every node's whoami
+    reply is an error, and the run used to end in a TimeoutError that blamed a loaded machine."""
+    from inprocess import LocalGrid
+
+    from flowerbed.apps import server_app
+    from flowerbed.strategies.base import FlowerbedFedAvg
+
+    discover = FlowerbedFedAvg.discover
+    monkeypatch.setattr(FlowerbedFedAvg, "discover",  # no 60 s wait for more nodes
+                        lambda self, grid, wait_all=0.0, timeout=120.0: discover(self, grid, 0.0, timeout))
+    cfg = Config.from_run_config(config(tmp_path, "fedavg", "bad", partition="pathological:11"))
+    with pytest.raises(server_app.ClientSetupError, match=r"none of the 2 connected nodes could "
+                       r"serve a partition; they replied: .*'partition' = 'pathological:11'"):
+        server_app.run(LocalGrid(cfg.to_run_config(), 2), cfg)
+
+
 def test_flwr_run_killed_then_resumed_through_the_real_engine(superlink, tmp_path):
     """The real path (simulation engine): `flwr run` whose ServerApp dies after round 1, then
     `resume=<run-dir>`, gives the metrics of an uninterrupted `flwr run`."""

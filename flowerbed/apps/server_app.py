@@ -34,13 +34,18 @@ def main(grid: Grid, context: Context) -> None:
         raise
     try:
         run(grid, cfg)
-    except (checkpoint.CheckpointError, NothingAggregated) as e:
+    except (checkpoint.CheckpointError, NothingAggregated, ClientSetupError) as e:
         log.error("%s", e)
         raise
 
 
 class NothingAggregated(RuntimeError):
     """Every round of a run was skipped: no client reply was ever aggregated."""
+
+
+class ClientSetupError(RuntimeError):
+    """No node could say which partition it serves: each replied with an error (its data or
+    the split is impossible)."""
 
 
 def wait_for_nodes(grid: Grid, n: int, timeout: float = 120.0) -> list[int]:
@@ -69,6 +74,9 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     num_partitions = strategy.discover(grid, wait_all=60.0, timeout=cfg.round_timeout)
     if num_partitions == 0:
         nodes = len(list(grid.get_node_ids()))
+        if strategy.whoami_error:  # e.g. an impossible split under plain `flwr run`
+            raise ClientSetupError(f"none of the {nodes} connected nodes could serve a partition; "
+                                   f"they replied: {strategy.whoami_error}")
         raise TimeoutError(f"none of the {nodes} connected nodes said which partition it serves "
                            f"(the '{WHOAMI}' message) within {cfg.round_timeout:.0f} s "
                            "(round-timeout); errors they replied are logged above. On a loaded "

@@ -117,6 +117,8 @@ def export_partitions(cfg: Config, num_partitions: int, out: Path) -> list[Path]
         tr, te = client_data(cfg, i, num_partitions)
         folder = Path(out) / f"client-{i}"
         for split, ds in (("train", tr), ("test", te)):
+            if split == "test" and not len(ds):  # none: a run's local-test-fraction splits it
+                continue
             write_idx(folder / f"{split}-images.idx.gz", ds.x.numpy())
             write_idx(folder / f"{split}-labels.idx.gz", ds.y.numpy())
         (folder / "partition.json").write_text(json.dumps({
@@ -145,7 +147,7 @@ def read_partition_dir(cfg: Config, folder: Path, partition_id: int,
         raise DataError(f"data-dir {folder} is one of {meta['num-partitions']} exported partitions, "
                         f"but this SuperNode has num-partitions={num_partitions}")
     run = {"partition": str(cfg.partition), "seed": cfg.seed, "train-samples": cfg.train_samples,
-           "public-fraction": cfg.public_fraction}
+           "public-fraction": cfg.public_fraction, "local-test-fraction": cfg.local_test_fraction}
     if differ := [k for k, v in run.items() if meta.get(k, v) != v]:  # the folder is the data;
         log.warning("data-dir %s was exported with %s; this run has %s: the client trains on the "
                     "folder's data", folder, ", ".join(f"{k}={meta[k]!r}" for k in differ),
@@ -171,7 +173,7 @@ def read_partition_dir(cfg: Config, folder: Path, partition_id: int,
     train, test = read("train"), read("test")
     if train is None:
         raise DataError(f"data-dir {folder} has no train-images.idx.gz/train-labels.idx.gz")
-    if test is None:
+    if test is None or (not len(test) and cfg.local_test_fraction > 0):  # older exports: empty
         tr, te = client_split(np.arange(len(train)), cfg.local_test_fraction, cfg.seed, partition_id)
         train, test = train.subset(tr), train.subset(te)
     log.info("partition %d from its own data folder %s: %d train, %d local test samples",

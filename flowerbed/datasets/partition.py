@@ -102,6 +102,10 @@ def _split(labels, partition, num_partitions, seed, min_size) -> tuple[np.ndarra
     order = np.random.default_rng(seed).permutation(len(labels))
     ds = Dataset.from_dict({"idx": order, "label": labels[order]})
     kind, p = partition.kind, partition.param
+    if kind == "dirichlet" and min_size * num_partitions > len(labels):
+        raise ConfigError("min-partition-size", min_size, f"{num_partitions} clients x {min_size} "
+                          f"exceeds the {len(labels)} training samples; lower it, or use fewer "
+                          "clients or more train-samples")
     if kind == "iid":
         part = fp.IidPartitioner(num_partitions=num_partitions)
     elif kind == "dirichlet":
@@ -138,12 +142,15 @@ def _split(labels, partition, num_partitions, seed, min_size) -> tuple[np.ndarra
 
 def client_split(indices: np.ndarray, test_fraction: float, seed: int, partition_id: int
                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Split one client's indices into local train and local test parts (seeded per client)."""
+    """Split one client's indices into local train and local test parts (seeded per client).
+
+    With ``test_fraction`` > 0 each part gets at least one sample; a single-sample client keeps
+    it for training (no local test split) rather than having nothing to train on."""
     rng = np.random.default_rng([seed, partition_id, 7919])
     perm = rng.permutation(indices)
     n_test = int(round(len(perm) * test_fraction))
-    if test_fraction > 0 and len(perm) >= 2:
-        n_test = min(max(n_test, 1), len(perm) - 1)
+    if test_fraction > 0:
+        n_test = min(max(n_test, 1), len(perm) - 1) if len(perm) >= 2 else 0
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 

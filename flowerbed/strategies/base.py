@@ -130,6 +130,7 @@ class FlowerbedFedAvg(FedAvg):
         self.running = False  # rounds have begun: a bad node is ignored, not a startup error
         self.round_asked = 0  # the round whose sampling asks new nodes their partition
         self.unanswered: dict[int, int] = {}  # node -> the round its whoami last went unused
+        self.whoami_error: str | None = None  # the last error a node replied to whoami
         self.round = RoundLog()
         self.model: torch.nn.Module | None = None  # the global model's network, set by the ServerApp
         self._sent: list[Message] = []
@@ -168,8 +169,9 @@ class FlowerbedFedAvg(FedAvg):
         self.unanswered.update(dict.fromkeys(node_ids, self.round_asked))  # until it answers
         for reply in grid.send_and_receive(msgs, timeout=timeout):
             if reply.has_error():
+                self.whoami_error = short_reason(reply.error.reason)
                 log.warning("node %s did not answer whoami: %s", reply.metadata.src_node_id,
-                            short_reason(reply.error.reason))
+                            self.whoami_error)
                 continue
             node = reply.metadata.src_node_id
             try:
