@@ -177,7 +177,7 @@ def cmd_partitions(args: argparse.Namespace) -> int:
     for i, row in enumerate(hist):
         print(f"{i:>6} " + "".join(f"{v:>{width}}" for v in row) + f"{row.sum():>8}")
     out = Path(args.out or f"partitions-{cfg.dataset}-{str(cfg.partition).replace(':', '')}.png")
-    plot_histogram(hist, out, f"{cfg.dataset} {cfg.partition} (seed {cfg.seed})")
+    plot_histogram(train.y.numpy(), parts, out, f"{cfg.dataset} {cfg.partition} (seed {cfg.seed})")
     print(f"plot: {out.resolve()}")
     return 0
 

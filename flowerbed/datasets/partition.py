@@ -155,30 +155,44 @@ def client_split(indices: np.ndarray, test_fraction: float, seed: int, partition
 
 
 def label_histogram(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:
-    """``[clients, classes]`` counts of each label in each partition."""
-    return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])
+    """``[clients, classes]`` counts of each label in each partition (flwr-datasets'
+    ``compute_counts``)."""
+    from flwr_datasets.metrics import compute_counts
+
+    counts = compute_counts(_fixed(labels, parts), "label")
+    return counts.reindex(columns=range(num_classes), fill_value=0).to_numpy(dtype=np.int64)
 
 
-def plot_histogram(hist: np.ndarray, out, title: str = ""):
-    """Stacked bars: one bar per client, one colour per class."""
+def plot_histogram(labels: np.ndarray, parts: list[np.ndarray], out, title: str = ""):
+    """Stacked bars, one per client, one colour per class (flwr-datasets'
+    ``plot_label_distributions``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from flwr_datasets.visualization import plot_label_distributions
 
-    clients, classes = hist.shape
-    fig, ax = plt.subplots(figsize=(max(6, clients * 0.35), 4))
-    bottom = np.zeros(clients)
-    cmap = plt.get_cmap("tab10" if classes <= 10 else "tab20")
-    for c in range(classes):
-        ax.bar(range(clients), hist[:, c], bottom=bottom, color=cmap(c % cmap.N), label=str(c))
-        bottom += hist[:, c]
-    ax.set_xlabel("client (partition id)")
-    ax.set_ylabel("samples")
-    ax.set_title(title)
-    if classes <= 20:
-        ax.legend(title="class", fontsize=7, ncol=2, bbox_to_anchor=(1.01, 1), loc="upper left")
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    fig, _, _ = plot_label_distributions(
+        _fixed(labels, parts), "label", legend=True, legend_title="class", title=title,
+        figsize=(max(6, len(parts) * 0.35), 4), verbose_labels=False)
+    fig.savefig(out, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return out
+
+
+def _fixed(labels: np.ndarray, parts: list[np.ndarray]):
+    """A flwr-datasets Partitioner over splits already made (for its metrics and plots)."""
+    from datasets import Dataset
+    from flwr_datasets.partitioner import Partitioner
+
+    class Fixed(Partitioner):
+        @property
+        def num_partitions(self) -> int:
+            return len(parts)
+
+        def load_partition(self, partition_id: int) -> Dataset:
+            return self.dataset.select(parts[partition_id])
+
+    p = Fixed()
+    p.dataset = Dataset.from_dict({"label": np.asarray(labels, dtype=np.int64)})
+    return p
