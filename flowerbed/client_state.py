@@ -34,6 +34,7 @@ from flowerbed.config import Config
 log = logging.getLogger("flowerbed")
 RESTORED = "flowerbed.restored"  # our marker in context.state: restore was done for this run
 KEEP = 2
+RELEASED = "released."  # prefix of records a client has sent out for good (see restore)
 
 
 def run_key(run_dir: Path, run_id: str | None) -> str:
@@ -83,12 +84,15 @@ def _rounds(d: Path) -> list[int]:
 def restore(cfg: Config, context: Context, run_key: str, partition_id: int, server_round: int) -> int | None:
     """In a resumed run, put back the newest state filed before ``server_round``; returns its round.
 
-    Runs once per client and run (a marker in ``context.state`` remembers it was done).
+    Runs once per client and run (a marker in ``context.state`` remembers it was done). Records
+    named ``released.*`` (what the client has sent out for good) come back from any filed round,
+    also one the resumed run repeats.
     """
     if not cfg.resume or RESTORED in context.state.config_records or not run_key:
         return None
     context.state[RESTORED] = ConfigRecord({"round": server_round})
     d = folder(cfg, run_key, partition_id)
+    _restore_releases(context, d, server_round)
     earlier = [r for r in _rounds(d) if r < server_round] if d.is_dir() else []
     if not earlier:
         log.info("partition %d: no filed state from before round %d in %s (its method keeps none, "
@@ -110,6 +114,18 @@ def restore(cfg: Config, context: Context, run_key: str, partition_id: int, serv
         context.state[k] = MetricRecord(v)
     log.info("partition %d: restored its state from round %d (%s)", partition_id, r, d)
     return r
+
+
+def _restore_releases(context: Context, d: Path, server_round: int) -> None:
+    """``released.*`` records filed in ``server_round`` or later (the server died after the
+    client's reply but before its checkpoint): a repeated round re-sends them, never a new draw."""
+    for r in sorted((r for r in _rounds(d) if r >= server_round), reverse=True) if d.is_dir() else []:
+        with contextlib.suppress(Exception):  # a damaged file: the later rounds' or none
+            arrays = decode(torch.load(d / f"round-{r}.pt", map_location="cpu",
+                                       weights_only=True))["arrays"]
+            for k, v in arrays.items():
+                if k.startswith(RELEASED) and k not in context.state.array_records:
+                    context.state[k] = v if isinstance(v, ArrayRecord) else ArrayRecord(v)
 
 
 def run_key_of(msg: Message) -> str:

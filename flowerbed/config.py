@@ -248,7 +248,8 @@ class Config:
         if self.method in PERSONAL_METHODS and self.local_test_fraction == 0:
             raise ConfigError("local-test-fraction", 0.0, f"{self.method} is scored on the clients' "
                               "local test splits: set it > 0 (the FedFew paper: 0.25)")
-        if (self.method in PERSONAL_METHODS and self.fraction_evaluate == 0
+        if ((self.method in PERSONAL_METHODS or self.method == "fedade")
+                and self.fraction_evaluate == 0
                 and not (self.method == "fedfew" and self.fedfew_eval == "local")):
             raise ConfigError("fraction-evaluate", 0.0, f"{self.method} is scored by its clients' "
                               "evaluation: set it > 0")

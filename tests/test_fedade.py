@@ -152,6 +152,21 @@ def test_local_only_adaptation_shares_nothing(sync):
     assert np.allclose(out[key].numpy(), arrays[key].numpy()) != sync
 
 
+def test_online_accuracy_does_not_need_a_local_test_split(tmp_path):
+    """Fed-ADE's clients score their stream batch; with local-test-fraction=0 no client was
+    asked to evaluate (as if it had no local test split): no online accuracy at all."""
+    from inprocess import run_inprocess
+
+    from flowerbed.config import ConfigError
+
+    rc = {**SMALL, "local-test-fraction": 0.0, "num-server-rounds": 2, "output-dir": str(tmp_path),
+          "run-name": "no-split", "client-state-dir": str(tmp_path / "state")}
+    summary = run_inprocess(rc, 3)
+    assert summary["final-accuracy"] is not None and summary["mean-accuracy"] is not None
+    with pytest.raises(ConfigError, match="'fraction-evaluate'.*fedade is scored by its clients"):
+        Config.from_run_config({**SMALL, "fraction-evaluate": 0.0})
+
+
 def test_predict_then_update_scores_the_next_batch_before_adapting():
     """A step's evaluation also predicts the next step's batch with the model the client starts
     that step with; the server records it, pooled, in the next step's first round."""

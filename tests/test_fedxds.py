@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
 from scipy.stats import norm
 
 from flowerbed.attribution import METHODS, attribute
@@ -16,7 +16,7 @@ from flowerbed.models import build_model
 from flowerbed.privacy import classic_sigma, clip_l2, epsilon_for, sigma_for, sparsify
 from flowerbed.registry import METHODS as ALL_METHODS
 from flowerbed.training import to_record
-from tests.conftest import FakeGrid, error_reply, prepared, sent
+from tests.conftest import FakeGrid, error_reply, prepared, reply, sent
 
 
 @pytest.mark.parametrize("s", [0.0, 0.5, 0.8, 0.95])
@@ -181,8 +181,39 @@ def test_the_server_cannot_regenerate_the_noise():
     assert np.abs(first - again).mean() > 0.5 * LOUD["fedxds-sigma"]  # fresh noise each time
     seeded = [share(**LOUD, **{"fedxds-noise": "seeded"})[0] for _ in range(2)]
     assert np.array_equal(*seeded)
+    from flowerbed.strategies.fedxds import FedXDSStrategy  # config.json claims no ε for it
+
+    plain = FedXDSStrategy(Config.from_run_config(SMALL)).describe()
+    assert plain["fedxds-epsilon-per-unit-l2"] > 0
+    told = FedXDSStrategy(Config.from_run_config({**SMALL, "fedxds-noise": "seeded"})).describe()
+    assert told["fedxds-epsilon-per-unit-l2"] is None and "no privacy" in told["fedxds-epsilon-note"]
     with pytest.raises(ConfigError, match="'fedxds-sparsity' = 0.9995"):  # would keep no pixel
         Config.from_run_config({**SMALL, "fedxds-sparsity": 0.9995})
+
+
+def test_a_repeated_share_round_resends_the_same_release(tmp_path):
+    """Two releases of the same images with independent noise add up to σ/√2; the recorded ε is
+    for one. A retried share round, or one a resumed run repeats because the server died before
+    its checkpoint, gets the first release again (filed with the client's state)."""
+    from flowerbed import client_state
+
+    cfg = Config.from_run_config({**SMALL, **LOUD, "client-state-dir": str(tmp_path)})
+    ctx = Context(run_id=1, node_id=3, node_config={"partition-id": 0, "num-partitions": 4},
+                  state=RecordDict(), run_config=cfg.to_run_config())
+    client = ALL_METHODS["fedxds"].client(cfg, ctx)
+    model = to_record(make_model(cfg, train_set(cfg)))
+
+    def ask(c):
+        return c.train(sent(3, RecordDict({"arrays": model, "config": ConfigRecord(
+            {"server-round": 3, "fedxds-phase": "share"})}))).content["shared"]["x"].numpy()
+
+    first = ask(client)
+    assert np.array_equal(first, ask(client))  # retried in the same run
+    client_state.save(cfg, ctx, "run-a", 0, 3)  # filed after round 3, then the server died
+    resumed = Context(run_id=2, node_id=3, node_config={"partition-id": 0, "num-partitions": 4},
+                      state=RecordDict(), run_config=cfg.to_run_config())
+    client_state.restore(cfg.replace(resume="x"), resumed, "run-a", 0, 3)  # resumes at round 3
+    assert np.array_equal(first, ask(ALL_METHODS["fedxds"].client(cfg, resumed)))
 
 
 def test_noise_is_mandatory():
@@ -245,6 +276,21 @@ def test_every_released_upload_is_pooled_even_when_the_round_is_skipped():
     bad = ArrayRecord({"x": Array(np.zeros((2, 3, 32, 32), np.float16)),
                        "y": Array(np.zeros(2, np.int64))})
     assert "fashion-mnist's are (1, 28, 28)" in check_shared(bad, "fashion-mnist")
+
+
+def test_who_holds_d_g_is_learnt_from_a_skipped_round_too():
+    """A main round with fewer than min-clients valid replies: the clients that did reply and
+    now hold D_g were forgotten, and D_g (600 MB per client on CIFAR-10) was sent again."""
+    from flowerbed.strategies.fedxds import FedXDSStrategy
+
+    cfg = Config.from_run_config({**SMALL, "min-clients": 3, "num-server-rounds": 6})
+    s = FedXDSStrategy(cfg)
+    msgs = prepared(s, [11, 12, 13])
+    s._reference = ArrayRecord({"w": Array(np.zeros(2, np.float32))})
+    replies = [reply(m, RecordDict({"arrays": s._reference, "metrics": MetricRecord(
+        {"num-examples": 5, "train-loss": 0.1, "has-pool": 1})})) for m in msgs[:2]]
+    assert s.aggregate_train(5, replies) == (None, None) and s.round.skipped
+    assert s.has_pool == {0, 1}
 
 
 def test_a_share_round_without_valid_uploads_is_repeated_in_the_next_round():

@@ -19,6 +19,7 @@ from flwr.app import Array, ArrayRecord, Message
 from torch import nn
 from torch.nn import functional as F
 
+from flowerbed import client_state
 from flowerbed.attribution import attribute
 from flowerbed.clients.base import Client
 from flowerbed.privacy import privatise
@@ -26,6 +27,7 @@ from flowerbed.strategies.fedxds import SHARED
 from flowerbed.training import cycled_batches, seeded_generator, to_record
 
 STATE = "fedxds.shared"
+RELEASED = client_state.RELEASED + "fedxds.shared"  # this client's own upload to D_g
 
 
 class FedXDSClient(Client):
@@ -72,8 +74,17 @@ class FedXDSClient(Client):
         loss, _ = self.fit(model, msg, rnd, **hooks)
         metrics = {"num-examples": len(self.train_data), "train-loss": loss,
                    "has-pool": int(pool is not None)}
-        extra = {SHARED: self.shared_samples(model, rnd)} if phase == "share" else {}
+        extra = {SHARED: self.release(model, rnd)} if phase == "share" else {}
         return self.reply(msg, metrics, arrays=to_record(model), **extra)
+
+    def release(self, model: nn.Module, rnd: int) -> ArrayRecord:
+        """The client's shared samples, drawn once: a repeated share round (a retry, or a resumed
+        run whose server died before that round's checkpoint) re-sends the same release; a fresh
+        draw of noise on the same images would add up to less noise than the recorded ε."""
+        released = self.context.state.array_records.get(RELEASED)
+        if released is None:
+            released = self.context.state[RELEASED] = self.shared_samples(model, rnd)
+        return released
 
     def _shared_term(self, pool: ArrayRecord, gen: torch.Generator):
         """λ·CE on the next batch of D_g (cycled, shuffled), added to every local batch's loss."""

@@ -78,6 +78,9 @@ class FedADEStrategy(FedRepStrategy):
     def evaluates(self, server_round: int) -> bool:
         return server_round % self.cfg.fedade_rounds_per_step == 0
 
+    def evaluates_locally(self) -> bool:
+        return False  # clients score their stream's batch, not a local test split
+
     def configure_evaluate(self, server_round, arrays, config, grid):
         config["fedade-step"] = self.step_of(server_round)[0]
         return super().configure_evaluate(server_round, arrays, config, grid)

@@ -24,7 +24,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from flwr.serverapp import Grid
 
 from flowerbed.datasets.loading import IMAGE_SHAPES, NUM_CLASSES
-from flowerbed.strategies.base import FlowerbedFedAvg, log, metric_record
+from flowerbed.strategies.base import FlowerbedFedAvg, log
 
 SHARED = "shared"   # ArrayRecord {"x": [n, C, H, W] float16, "y": [n] int64}
 
@@ -48,11 +48,15 @@ class FedXDSStrategy(FlowerbedFedAvg):
 
         cfg = self.cfg
         sigma = cfg.resolved_sigma()
+        secret = cfg.fedxds_noise == "secret"
         return {"fedxds-noise-from": "epsilon-delta" if cfg.fedxds_epsilon > 0 else "sigma",
                 "fedxds-sigma-used": sigma, "fedxds-delta": cfg.fedxds_delta,
-                "fedxds-epsilon-per-unit-l2": epsilon_for(sigma, cfg.fedxds_delta),
-                "fedxds-epsilon-note": "Gaussian mechanism, one release, per unit L2 distance in "
-                                       "normalised pixel space (fixed-mask argument; opacus RDP)"}
+                # seeded noise can be regenerated from the run config and subtracted: no ε holds
+                "fedxds-epsilon-per-unit-l2": epsilon_for(sigma, cfg.fedxds_delta) if secret else None,
+                "fedxds-epsilon-note": ("Gaussian mechanism, one release, per unit L2 distance in "
+                                        "normalised pixel space (fixed-mask argument; opacus RDP)"
+                                        if secret else "fedxds-noise='seeded': the noise is "
+                                        "reproducible from the run config, so it gives no privacy")}
 
     def _share_at(self) -> int:
         return self.share_round or self.cfg.fedxds_warmup_rounds
@@ -138,10 +142,12 @@ class FedXDSStrategy(FlowerbedFedAvg):
         valid, rejected = super()._check_and_log_replies(replies, is_train, validate)
         if not is_train:
             return valid, rejected
-        destinations = self._destinations()
-        for r in valid:
-            pid = self._sender(r, destinations)[1]
-            if metric_record(r.content).get("has-pool") == 1:
+        # every checked reply says whether its client holds D_g, also in a round skipped for
+        # fewer than min-clients replies (valid is then empty): D_g is not resent needlessly
+        for pid, m in self.round.clients.items():
+            if "train-has-pool" not in m:
+                continue
+            if m["train-has-pool"] == 1:
                 self.has_pool.add(pid)
             else:  # e.g. a client restarted without its state: it gets D_g again next time
                 self.has_pool.discard(pid)
