@@ -152,6 +152,7 @@ class Config:
     fedx_relational: str
     fedx_head: str
     fedx_tau_target: float
+    fedx_tau_local: float
     distill_epochs: int
     distill_lr: float
     fedcc_ssl_epochs: int
@@ -346,8 +347,8 @@ class Config:
                               "fedx-base='byol' (over SimCLR the prediction head serves only "
                               "FedX's global terms already)")
         for key in ("lr", "scaffold-server-lr", "round-timeout", "probe-lr", "ssl-tau",
-                    "fedx-tau-target", "fedu-mu", "distill-lr", "fedfew-mu", "fedfew-server-lr",
-                    "fedxds-clip"):
+                    "fedx-tau-target", "fedx-tau-local", "fedu-mu", "distill-lr", "fedfew-mu",
+                    "fedfew-server-lr", "fedxds-clip"):
             v = getattr(self, key.replace("-", "_"))
             if not (v > 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number > 0")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.nn import functional as F
 
@@ -37,10 +39,11 @@ def relational_loss(u1: torch.Tensor, u2: torch.Tensor, anchors: torch.Tensor, t
         return 0.5 * (F.kl_div(logp1, m, reduction="batchmean")
                       + F.kl_div(logp2, m, reduction="batchmean"))
     if form == "js":
-        p1, p2 = F.softmax(s1 / tau, dim=1), F.softmax(s2 / tau, dim=1)
-        log_m = torch.log(0.5 * (p1 + p2))
-        return 0.5 * (F.kl_div(log_m, p1, reduction="batchmean")
-                      + F.kl_div(log_m, p2, reduction="batchmean"))
+        # in log space: at small τ a softmax entry underflows to 0 and log(½(p1 + p2)) to −inf
+        lp1, lp2 = F.log_softmax(s1 / tau, dim=1), F.log_softmax(s2 / tau, dim=1)
+        log_m = torch.logsumexp(torch.stack([lp1, lp2]), dim=0) - math.log(2.0)
+        return 0.5 * (F.kl_div(log_m, lp1, reduction="batchmean", log_target=True)
+                      + F.kl_div(log_m, lp2, reduction="batchmean", log_target=True))
     raise ValueError(f"unknown relational loss form '{form}' (official, js)")
 
 

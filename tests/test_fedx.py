@@ -35,6 +35,12 @@ def test_relational_loss_by_hand():
     assert relational_loss(u1, u2, anchors, 1.0, 1.0, "js").item() == pytest.approx(js, rel=1e-5)
     # identical views agree: zero loss in both forms
     assert relational_loss(u1, u1, anchors, 1.0, 1.0, "js").item() == pytest.approx(0.0, abs=1e-7)
+    # a small τ: softmax entries underflow to 0; the JS form stays finite (it was NaN), and the
+    # views are nearly one-hot on different anchors, so it nears its maximum ln 2
+    u1.requires_grad_(True)
+    loss = relational_loss(u1, u2, anchors, 0.005, 0.005, "js")
+    loss.backward()
+    assert loss.item() == pytest.approx(math.log(2), rel=1e-4) and torch.isfinite(u1.grad).all()
 
 
 def test_official_target_is_not_detached():

@@ -40,7 +40,7 @@ class FedXMixin:
         total = super().loss(model, v, x1, x2, xr)
         if cfg.fedx_local_kd:
             total = total + relational_loss(v["z1"], v["z2"], v["zr"], cfg.ssl_tau,
-                                            cfg.fedx_tau_target, cfg.fedx_relational)
+                                            cfg.fedx_tau_local, cfg.fedx_relational)
         if cfg.fedx_global_kd:
             with torch.no_grad():
                 _, zg, _ = self.global_model(torch.cat([x2, xr]))
