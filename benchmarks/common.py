@@ -49,6 +49,15 @@ def kept_splits(name: str, config: dict[str, Any], vary: tuple[str, ...] = ()
     return ({s: old["results"][s] for s in keep}, {s: old["split-configs"][s] for s in keep})
 
 
+def rows_to_run(text: str, rows: list[str]) -> list[str]:
+    """``--methods``: a comma-separated subset of the benchmark's rows, spelt as they are (a row
+    spelt otherwise would run, then be dropped from the table by :func:`merged_rows`)."""
+    run = [m for m in text.split(",") if m]
+    if unknown := [m for m in run if m not in rows]:
+        raise SystemExit(f"not rows of this benchmark: {unknown}; its rows: {', '.join(rows)}")
+    return run
+
+
 def merged_rows(kept: dict[str, Any], new: dict[str, Any], order: list[str]) -> dict[str, Any]:
     """One split's rows: the kept earlier ones overlaid by this run's, in ``order``."""
     merged = {**kept, **new}

@@ -28,7 +28,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import RESULTS, kept_splits, merged_rows, write_result
+from benchmarks.common import RESULTS, kept_splits, merged_rows, rows_to_run, write_result
 from flowerbed.compare import compare, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,13 +47,14 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true",
                     help="keep the methods that finished in an earlier run, continue the others")
     args = ap.parse_args()
+    run = rows_to_run(args.methods, METHODS)
     base = {"public-fraction": 0.1, "num-server-rounds": args.rounds, "local-epochs": 5,
             "distill-epochs": 1, "fedcc-ssl-epochs": 5, "batch-size": 64, "seed": 0,
             "train-samples": args.train_samples, "eval-every": 1}
     results, configs = kept_splits("fedcc", base)
     for split in args.splits.split(","):  # results are written after each split
         out = ROOT / "runs" / f"bench-fedcc-{split.replace(':', '')}"
-        compare(args.methods.split(","), {**base, "partition": split}, num_clients=10, out=out,
+        compare(run, {**base, "partition": split}, num_clients=10, out=out,
                 resume=args.resume)
         results[split] = merged_rows(results.get(split, {}),
                                      json.loads((out / "results.json").read_text()), METHODS)

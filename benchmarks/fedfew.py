@@ -26,7 +26,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import RESULTS, kept_splits, merged_rows, write_result
+from benchmarks.common import RESULTS, kept_splits, merged_rows, rows_to_run, write_result
 from flowerbed.compare import compare, run_label
 from flowerbed.results import md_table, pct, read_metrics
 
@@ -57,7 +57,7 @@ def main() -> None:
                     help="run only these (comma-separated); the others' earlier results on the same "
                          "split are kept if measured with the same settings")
     args = ap.parse_args()
-    run = args.methods.split(",")
+    run = rows_to_run(args.methods, METHODS)
     base = {"num-server-rounds": args.rounds, "local-test-fraction": 0.25, "num-models": 3,
             "train-samples": args.train_samples, "eval-every": 5, "seed": 0}
     results, configs = kept_splits("fedfew", base, vary=("num-server-rounds",))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from flwr.common.config import parse_config_args
 
-from benchmarks.common import RESULTS, machine, merged_rows, read_result, write_result
+from benchmarks.common import RESULTS, machine, merged_rows, read_result, rows_to_run, write_result
 from flowerbed.compare import compare_seeds, seeds_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,9 +41,7 @@ def main() -> None:
     ap.add_argument("--methods", default=",".join(VARIANTS),
                     help="run only these (comma-separated); the others' earlier results are kept")
     args = ap.parse_args()
-    methods = args.methods.split(",")
-    if unknown := set(methods) - set(VARIANTS):
-        ap.error(f"not rows of this benchmark: {sorted(unknown)}; rows: {VARIANTS}")
+    methods = rows_to_run(args.methods, VARIANTS)
     overrides = parse_config_args([str(ROOT / "presets" / "fedx-cpu.toml")])
     overrides.pop("method")
     if args.rounds:

@@ -22,7 +22,7 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, merged_rows, read_result, write_result
+from benchmarks.common import RESULTS, merged_rows, read_result, rows_to_run, write_result
 from flowerbed.compare import compare, markdown_table, run_label
 from flowerbed.results import read_metrics
 
@@ -41,7 +41,7 @@ def main() -> None:
                     help="run only these (comma-separated); the others keep their earlier results "
                          "if measured with the same settings")
     args = ap.parse_args()
-    run = args.methods.split(",")
+    run = rows_to_run(args.methods, METHODS)
     base = {"partition": args.partition, "num-server-rounds": args.rounds, "seed": 0,
             "train-samples": args.train_samples, "fedxds-warmup-rounds": 3,
             "min-partition-size": args.min_partition_size}
@@ -75,8 +75,6 @@ def main() -> None:
 def kept_rows(name: str, base: dict, num_clients: int, run: list[str]
               ) -> tuple[dict[str, dict], dict[str, int | None], dict[str, str]]:
     """Earlier results, rounds-to-FedAvg's-final and dates of the rows not in ``run``."""
-    if unknown := [m for m in run if m not in METHODS]:
-        raise SystemExit(f"unknown method(s) {unknown}; this benchmark's: {', '.join(METHODS)}")
     rest = [m for m in METHODS if m not in run]
     if not rest:
         return {}, {}, {}

@@ -163,7 +163,7 @@ def _fedx_rows(d: dict) -> list[tuple[str, ...]]:
              f"{_pp(r['fedx'], r['fedsimclr'])} ({_pct(r['fedx'])} vs {_pct(r['fedsimclr'])}); "
              f"with BN heads {_pp(r['fedx' + bn], r['fedsimclr' + bn])}"),
             ("#3 FedX", "FedX on BYOL ≥ FedBYOL",
-             "met with BN heads only" if flags == (False, True) else _status(*flags),
+             "not met (met with BN heads)" if flags == (False, True) else _status(*flags),
              f"{_pp(r[byol], r['fedbyol'])}; with BN heads {_pp(r[byol + bn], r['fedbyol' + bn])}"),
             ("#3 FedX", "every method ≥ random-init probe + 10 pp",
              _status(*(v for k, v in c.items() if k.endswith("random-init + 10pp"))),

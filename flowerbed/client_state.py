@@ -120,12 +120,14 @@ def _restore_releases(context: Context, d: Path, server_round: int) -> None:
     """``released.*`` records filed in ``server_round`` or later (the server died after the
     client's reply but before its checkpoint): a repeated round re-sends them, never a new draw."""
     for r in sorted((r for r in _rounds(d) if r >= server_round), reverse=True) if d.is_dir() else []:
-        with contextlib.suppress(Exception):  # a damaged file: the later rounds' or none
+        with contextlib.suppress(Exception):  # a damaged file: the next older one, or none
             arrays = decode(torch.load(d / f"round-{r}.pt", map_location="cpu",
                                        weights_only=True))["arrays"]
-            for k, v in arrays.items():
-                if k.startswith(RELEASED) and k not in context.state.array_records:
-                    context.state[k] = v if isinstance(v, ArrayRecord) else ArrayRecord(v)
+            found = {k: v for k, v in arrays.items() if k.startswith(RELEASED)}
+            for k, v in found.items():
+                context.state[k] = v if isinstance(v, ArrayRecord) else ArrayRecord(v)
+            if found:  # the newest file that has them: every later file carries them too
+                return
 
 
 def run_key_of(msg: Message) -> str:

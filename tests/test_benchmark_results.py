@@ -27,6 +27,14 @@ def test_merged_rows_overlay_the_kept_ones_in_order():
     assert common.merged_rows(kept, {"b": 20, "c": 3}, ["c", "b", "a"]) == {"c": 3, "b": 20, "a": 1}
 
 
+def test_only_the_benchmarks_own_rows_can_be_run():
+    """A row spelt otherwise (fedfew-server-lr=3 for =3.0) ran for an hour, then merged_rows
+    dropped it from the table without a word."""
+    assert common.rows_to_run("b,a", ["a", "b", "c"]) == ["b", "a"]
+    with pytest.raises(SystemExit, match=r"not rows of this benchmark: \['fedfew@fedfew-server-lr=3'\]"):
+        common.rows_to_run("fedfew@fedfew-server-lr=3", ["fedfew@fedfew-server-lr=3.0"])
+
+
 def test_fedade_plot_per_time_step(tmp_path, monkeypatch):
     """The Fed-ADE benchmark's plot reads each variant's run and draws one point per time step."""
     import benchmarks.fedade as fedade

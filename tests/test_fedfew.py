@@ -254,19 +254,24 @@ def test_scaffold_client_adopts_its_c_i_only_once_the_server_took_its_delta():
 
 def test_fedfew_reports_the_last_local_epochs_loss():
     """L_ik is the mean loss of the last local epoch (papers.md §5.7, 2), not of all epochs."""
-    import torch
+    import copy
 
     from flowerbed.clients.base import make_model
-    from flowerbed.training import train_epochs
+    from flowerbed.training import seeded_generator, to_record, train_epochs
 
-    c, cfg, _ = client("fedfew")
+    _, cfg, ctx = client("fedfew")
+    cfg = cfg.replace(local_epochs=2)
+    c = METHODS["fedfew"].client(cfg, ctx)
+    model = make_model(cfg, c.train_data)
+    out = c.train(sent(4, RecordDict({"model.0": to_record(model),
+                                      "config": ConfigRecord({"server-round": 1})})))
 
-    def run(epochs, last):
-        torch.manual_seed(0)
-        model = make_model(cfg, c.train_data)
-        return train_epochs(model, c.train_data, epochs=epochs, batch_size=len(c.train_data),
-                            lr=0.1, momentum=0.0, weight_decay=0.0, device=torch.device("cpu"),
-                            generator=torch.Generator().manual_seed(1), last_epoch=last)[0]
+    def mean_loss(last):  # model 0 of round 1 trained again, the same way
+        return train_epochs(copy.deepcopy(model), c.train_data, epochs=2, batch_size=cfg.batch_size,
+                            lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                            device=c.device, generator=seeded_generator(cfg.seed, 2, 1, 0),
+                            last_epoch=last)[0]
 
-    first, both, last = run(1, False), run(2, False), run(2, True)
-    assert last == pytest.approx(2 * both - first, rel=1e-5) and last < first
+    last, both = mean_loss(True), mean_loss(False)
+    assert last < both
+    assert out.content["metrics"]["losses"][0] == pytest.approx(last, rel=1e-6)

@@ -451,3 +451,48 @@ def test_a_batchnorm_model_trains_in_every_round(tmp_path, method):
     rows = read_metrics(tmp_path / "bn")[1:]
     assert [(r["clients-ok"], r["skipped"]) for r in rows] == [(2, False)] * 3, \
         [r["failures"] for r in rows]
+
+
+def test_a_resnet_checkpoint_from_before_the_cast_resumes_and_trains(tmp_path):
+    """Checkpoints written before cast_like hold num_batches_tracked as float64: a resume sent
+    that, and every int64 reply was refused (every resumed round skipped)."""
+    rc = config(tmp_path, "fedavg", "old", **{"model": "resnet8", "num-server-rounds": 3,
+                                             "train-samples": 300, "test-samples": 100,
+                                             "eval-every": 3, "fault-crash-after": 1})
+    with pytest.raises(faults.SimulatedCrash):
+        run_inprocess(rc, 2)
+    ckpt = checkpoint.load(tmp_path / "old")
+    arrays = ckpt["arrays"]
+    old = {k: (v.numpy().astype(np.float64) if v.numpy().dtype == np.int64 else v.numpy())
+           for k, v in arrays.items()}
+    from flwr.app import Array, ArrayRecord
+    checkpoint.save(tmp_path / "old", ckpt["round"], ArrayRecord({k: Array(v) for k, v in old.items()}),
+                    ckpt["strategy"], ckpt["config"])
+    run_inprocess({**rc, "fault-crash-after": 0, "resume": str(tmp_path / "old")}, 2)
+    rows = read_metrics(tmp_path / "old")[1:]
+    assert [(r["clients-ok"], r["skipped"]) for r in rows] == [(2, False)] * 3
+
+
+def test_a_key_added_later_takes_the_value_of_the_key_that_served_for_it(tmp_path):
+    """fedx-tau-local (τ_s) was fedx-tau-target's job: a checkpoint without it resumes only with
+    the value the run trained with, not the default."""
+    from flwr.app import Array, ArrayRecord
+
+    cfg = Config.from_run_config({"method": "fedx", "fedx-tau-target": 0.2})
+    identity = {**cfg.to_run_config(), "num-partitions": 2}
+    saved = {k: v for k, v in identity.items() if k != "fedx-tau-local"}
+    (tmp_path / "run").mkdir()
+    checkpoint.save(tmp_path / "run", 1, ArrayRecord({"w": Array(np.zeros(1, np.float32))}), {}, saved)
+    resume = cfg.replace(resume=str(tmp_path / "run"))
+    with pytest.raises(checkpoint.CheckpointError, match="fedx-tau-local: 0.2 -> 0.1"):
+        server_app._resume_point(resume, identity)
+    fixed = {**identity, "fedx-tau-local": 0.2}
+    assert server_app._resume_point(resume, fixed)[0]["round"] == 1
+
+
+def test_bytes_per_client_count_the_clients_that_replied():
+    """An error reply or a missing one uploads nothing; dividing by the clients sampled put
+    FedAvg's upload at 0.7x a model with 30 % of the clients failing."""
+    rows = [{"bytes-up": 700, "clients-sampled": 10, "clients-replied": 7},
+            {"bytes-up": 1000, "clients-sampled": 10}]  # a row from before clients-replied
+    assert server_app._per_client_round(rows, "bytes-up") == pytest.approx((100 + 100) / 2)

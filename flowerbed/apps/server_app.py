@@ -18,7 +18,7 @@ from flowerbed.datasets.federated import client_partitions, test_set, train_set
 from flowerbed.datasets.partition import warn_unheld
 from flowerbed.registry import METHODS
 from flowerbed.results import RunDir
-from flowerbed.strategies.base import WHOAMI
+from flowerbed.strategies.base import WHOAMI, cast_like
 from flowerbed.training import pick_device
 
 log = logging.getLogger("flowerbed")
@@ -123,7 +123,8 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
             row.update({k: v for k, v in rl.train_metrics.items() if k != "num-examples"})
             row.update({f"client-{k}": v for k, v in rl.eval_metrics.items() if k != "num-examples"})
             row.update({
-                "clients-sampled": len(rl.sampled), "clients-ok": len(rl.ok),
+                "clients-sampled": len(rl.sampled), "clients-replied": rl.replied,
+                "clients-ok": len(rl.ok),
                 "clients-failed": len(rl.failed), "failures": rl.failed, "clients-lost": rl.lost,
                 "skipped": rl.skipped, "bytes-up": rl.bytes_up, "bytes-down": rl.bytes_down,
                 "bytes-up-eval": rl.bytes_up_eval, "bytes-down-eval": rl.bytes_down_eval,
@@ -149,7 +150,9 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     arrays = strategy.initial_arrays(strategy.model)
     if ckpt:
         strategy.restore_state(ckpt["strategy"])
-        arrays = ckpt["arrays"]
+        # in the dtypes of a fresh model: checkpoints from before cast_like hold ResNets' int64
+        # num_batches_tracked as float64, and every (int64) reply to it would be refused
+        arrays = cast_like(ckpt["arrays"], arrays)
         checkpoint.set_rng_state(ckpt["rng"])
         log.info("resuming %s after round %d of %d", run_dir.path, ckpt["round"], cfg.num_server_rounds)
     result = strategy.start(grid=grid, initial_arrays=arrays,
@@ -200,6 +203,10 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     return summary
 
 
+#: a key added later -> the key whose value it took before (its value in older checkpoints)
+INHERITED = {"fedx-tau-local": "fedx-tau-target"}
+
+
 def _resume_point(cfg: Config, current: dict[str, Any]) -> tuple[dict[str, Any] | None, str, str]:
     """(checkpoint, output dir, run name): a fresh run, or the one ``resume`` names. A run that
     died after its last round's checkpoint but before its summary resumes to write its outputs."""
@@ -207,8 +214,10 @@ def _resume_point(cfg: Config, current: dict[str, Any]) -> tuple[dict[str, Any] 
         return None, cfg.output_dir, cfg.run_name or default_run_name(cfg)
     path = Path(cfg.resume).expanduser().resolve()
     ckpt = checkpoint.load(path)
-    # keys added since an older checkpoint was written (num-partitions, fedxds-noise, ...)
-    saved = {**{k: v for k, v in current.items() if k not in ckpt["config"]}, **ckpt["config"]}
+    # keys added since an older checkpoint was written (num-partitions, fedxds-noise, ...) take
+    # their current value, or that of the key that used to serve for them
+    saved = {**{k: ckpt["config"].get(INHERITED.get(k), v) for k, v in current.items()
+                if k not in ckpt["config"]}, **ckpt["config"]}
     checkpoint.check_compatible(saved, current, path / checkpoint.FILE)
     done = ckpt["round"] > cfg.num_server_rounds or (
         ckpt["round"] == cfg.num_server_rounds and (path / "summary.json").exists())
@@ -242,5 +251,10 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 def _per_client_round(rows: list[dict[str, Any]], key: str) -> float | None:
-    vals = [r[key] / r["clients-sampled"] for r in rows if r.get("clients-sampled")]
+    """Bytes per replying client and round: an error reply or a missing one uploads nothing
+    (rows from before ``clients-replied`` was kept divide by the clients sampled)."""
+    def n(r: dict[str, Any]) -> int:
+        return r.get("clients-replied", r.get("clients-sampled") or 0)
+
+    vals = [r[key] / n(r) for r in rows if n(r)]
     return sum(vals) / len(vals) if vals else None

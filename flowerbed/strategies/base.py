@@ -91,6 +91,7 @@ class RoundLog:
     failed: list[dict[str, Any]] = field(default_factory=list)
     bytes_down: int = 0          # training messages
     bytes_up: int = 0
+    replied: int = 0             # training replies with content (their bytes are in bytes_up)
     bytes_down_eval: int = 0     # evaluation messages
     bytes_up_eval: int = 0
     train_metrics: dict[str, Any] = field(default_factory=dict)
@@ -411,6 +412,7 @@ class FlowerbedFedAvg(FedAvg):
             if not reply.has_error():
                 if is_train:
                     self.round.bytes_up += record_bytes(reply.content)
+                    self.round.replied += 1
                 else:
                     self.round.bytes_up_eval += record_bytes(reply.content)
             problem = self.check_reply(reply, is_train)
