@@ -145,7 +145,7 @@ def deployment(tmp_path_factory):
 
 
 # methods whose checks below read client-side evaluation results
-EVALUATED = {"fedcc", "fedmd", "fedfew", "ifca", "fedrep", "local"}
+EVALUATED = {"fedcc", "fedmd", "fedfew", "ifca", "fedrep", "local", "fedade"}
 # 2 rounds, so that what a client keeps in context.state (and files) is read back in round 2:
 # SCAFFOLD's control variate, FedRep's personal head, FedCC's client model, Fed-ADE's personal
 # layers and estimator buffers, FedXDS's D_g after its phase change; the other stateful methods
