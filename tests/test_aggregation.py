@@ -181,8 +181,11 @@ def test_a_metric_of_another_shape_is_refused_not_a_crash(cfg):
     assert metrics["curve"] == [1.0, 2.0] and s.round.ok == [0, 2] and set(s.round.clients) == {0, 2}
 
 
-def test_a_metric_some_replies_lack_is_averaged_over_those_that_report_it(cfg):
-    s = FedAvgStrategy(cfg)
+@pytest.mark.parametrize("strategy", [FedAvgStrategy, FedProxStrategy])
+def test_a_metric_some_replies_lack_is_averaged_over_those_that_report_it(cfg, strategy):
+    """FedProx's constructor passed None for the metric aggregations, which replaced ours with
+    Flower's: a metric one reply lacked was pulled towards 0."""
+    s = strategy(cfg)
     msgs = prepared(s, [101, 102])
     bare = RecordDict({"arrays": arrays(1.0), "metrics": MetricRecord({"num-examples": 30})})
     _, metrics = s.aggregate_train(1, [reply(msgs[0], content(1.0, 10)), reply(msgs[1], bare)])

@@ -496,3 +496,11 @@ def test_bytes_per_client_count_the_clients_that_replied():
     rows = [{"bytes-up": 700, "clients-sampled": 10, "clients-replied": 7},
             {"bytes-up": 1000, "clients-sampled": 10}]  # a row from before clients-replied
     assert server_app._per_client_round(rows, "bytes-up") == pytest.approx((100 + 100) / 2)
+
+
+def test_local_writes_no_model_file(tmp_path):
+    """Local has no server model: its model.pt was the untrained initial model."""
+    run_inprocess(config(tmp_path, "local", "loc", **{"num-server-rounds": 1}), 2)
+    assert (tmp_path / "loc" / "summary.json").exists() and not (tmp_path / "loc" / "model.pt").exists()
+    run_inprocess(config(tmp_path, "fedrep", "rep", **{"num-server-rounds": 1}), 2)
+    assert (tmp_path / "rep" / "model.pt").exists()

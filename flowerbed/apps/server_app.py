@@ -191,7 +191,8 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         "server-device": str(device),
         "rounds-aggregated": aggregated,
     }
-    if strategy.model is not None and result.arrays is not None and len(result.arrays):
+    if (strategy.model is not None and strategy.server_model and result.arrays is not None
+            and len(result.arrays)):
         tmp = run_dir.path / ".model.pt.tmp"
         torch.save(result.arrays.to_torch_state_dict(), tmp)
         tmp.replace(run_dir.path / "model.pt")

@@ -1,8 +1,9 @@
 """Fed-ADE's post-deployment streams: shift schedules, label-shift and covariate-shift batches.
 
 The training set is split (stratified, seeded) into an 80 % pre-training pool and a 20 %
-post-deployment pool. Client c's target label mix q_c^new is its own label histogram under a
-Dirichlet(0.1) partition of the post pool; at time step t its labels follow
+post-deployment pool. Client c's target label mix q_c^new is its own label histogram under the
+run's ``partition`` of the post pool (at least 6 samples per client; the benchmark's: Dirichlet
+0.1); at time step t its labels follow
 q_c^t = (1 − w_t) q_0 + w_t q_c^new (q_0 uniform), and each label is served by a random image of
 that class from the whole post pool. Covariate shift instead corrupts the client's images with a
 fixed corruption whose severity follows sev_t = clip(⌈4 w_t⌉ + 1, 1, 5). Every client regenerates

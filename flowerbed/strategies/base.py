@@ -110,6 +110,8 @@ class FlowerbedFedAvg(FedAvg):
     #: attributes that hold server state beyond the loop's arrays; saved in every checkpoint
     #: (see :mod:`flowerbed.checkpoint`) and restored on resume
     checkpoint_attrs: tuple[str, ...] = ()
+    #: whether the server's arrays are a trained model, written to ``model.pt`` at the end
+    server_model = True
 
     def __init__(self, cfg: Config | None = None, **fedavg_kwargs: Any) -> None:
         # A subclass that also inherits another Flower strategy (FedProx) sets self.cfg first,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flwr.serverapp.strategy import FedProx
 
 from flowerbed.config import Config
-from flowerbed.strategies.base import FlowerbedFedAvg
+from flowerbed.strategies.base import FlowerbedFedAvg, aggregate_metrics
 from flowerbed.strategies.personal import PersonalStrategy
 
 
@@ -32,4 +32,8 @@ class FedProxStrategy(FedProx, FlowerbedFedAvg):
                          fraction_train=cfg.fraction_train,
                          fraction_evaluate=cfg.fraction_evaluate,
                          min_train_nodes=cfg.min_clients, min_evaluate_nodes=1,
-                         min_available_nodes=cfg.min_clients)
+                         min_available_nodes=cfg.min_clients,
+                         # FedProx passes None for these, which would replace ours with Flower's
+                         # (a metric some replies lack would be pulled towards 0)
+                         train_metrics_aggr_fn=aggregate_metrics,
+                         evaluate_metrics_aggr_fn=aggregate_metrics)

@@ -1,9 +1,9 @@
 """FedXDS (Hoefler, Müller, Samek, ICCV 2025), server half: warm-up, one-shot sharing, main FL.
 
 Rounds 1..R_w (``fedxds-warmup-rounds``) are FedAvg. In round R_w each client, after training,
-also uploads its privatised shared samples (``shared_x`` [n, C, H, W] float16, ``shared_y``
-[n] int64; see :mod:`flowerbed.privacy`). The server pools them, in partition order, into D_g
-and sends D_g to each client once (the first main round in which the client does not report
+also uploads its privatised shared samples (an ArrayRecord ``shared`` with ``x`` [n, C, H, W]
+float16 and ``y`` [n] int64; see :mod:`flowerbed.privacy`). The server pools them, in partition
+order, into D_g and sends D_g to each client once (the first main round in which the client does not report
 having it); clients keep it in ``context.state``. Main rounds are FedAvg with the clients'
 objective CE(local) + λ·CE(D_g). ``fedxds-init``: ``scratch`` restarts the model from the
 initial weights at the first main round (the official code), ``warmup`` keeps the warm-up model.

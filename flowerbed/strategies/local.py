@@ -11,6 +11,7 @@ from flowerbed.strategies.personal import PersonalStrategy
 
 class LocalStrategy(PersonalStrategy):
     reply_arrays: dict[str, str] = {}  # clients upload metrics only
+    server_model = False  # its arrays stay the initial model: no model.pt
 
     def train_content(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord
                       ) -> RecordDict:
