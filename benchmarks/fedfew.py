@@ -14,8 +14,8 @@ a FedAvg step, which the paper's 2000 rounds absorb and our 30 do not), and the 
 FedFew under the official code's evaluation (``fedfew-eval='local'``: the K models as each client
 has just trained them) is reported without a check: it includes a local fine-tuning step, so its
 peer is fedavg-ft.
-The stored pathological:2 rows are 10-round runs (the default when they were made); at this
-script's default 30 rounds IFCA overtakes FedFew there (docs/known-gaps.md).
+Both splits' stored rows are 30-round runs (pathological:2 rerun at 30 on 2026-12-05; its earlier
+10-round rows, where FedFew led IFCA, are in docs/known-gaps.md).
 Usage: .venv/bin/python -m benchmarks.fedfew [--rounds 30] [--train-samples 12000]
        [--splits dirichlet:0.1] [--methods ...]
 """
