@@ -230,8 +230,11 @@ def test_ctrl_c_in_deploy_run_stops_the_run_on_the_superlink(deployment, tmp_pat
           f"min-clients=2 fraction-evaluate=0.0 output-dir='{tmp_path}' run-name='interrupted'")
     cmd = [sys.executable, "-m", "flowerbed", "deploy", "run", "--home", str(deployment.home),
            "-c", rc]
+    # Ctrl-C reaches the terminal's whole group; a shell's background job (`make test &`) ignores
+    # SIGINT and passes that on, so the launcher gets the default handling back, as in a terminal
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # Ctrl-C reaches the terminal's whole group
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     for line in proc.stdout:
         lines.append(line)
