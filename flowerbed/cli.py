@@ -83,15 +83,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         args.num_clients = n or args.num_clients
     args.num_clients = 10 if args.num_clients is None else args.num_clients
     cfg = preflight(overrides, args.num_clients, args.gpus_per_client)
-    overrides["output-dir"] = str(Path(cfg.output_dir).resolve())
-    if not overrides.get("run-name"):  # "" too: the launcher must know where the run lands
-        overrides["run-name"] = f"{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}"
-    check_run_dir(overrides)  # refusals the ServerApp would make, before anything starts
+    place_run(overrides, cfg)
     fed = engine.federation_config(args.num_clients, args.cpus_per_client, args.gpus_per_client)
     with engine.local_superlink() as (home, conn):
         summary = engine.flwr_run(home, conn, overrides, fed)
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def place_run(overrides: dict[str, Any], cfg: Config, kind: str = "") -> None:
+    """Where a run of ``cfg`` lands, set in ``overrides``: an absolute output-dir, and a run-name
+    (method, ``kind``, time) where none is given ("" too: the launcher must know where the run
+    lands); then the refusals the ServerApp would make there, before anything starts."""
+    overrides["output-dir"] = str(Path(cfg.output_dir).resolve())
+    if not overrides.get("run-name"):
+        overrides["run-name"] = "-".join([cfg.method, *([kind] if kind else []),
+                                          time.strftime("%Y%m%d-%H%M%S")])
+    check_run_dir(overrides)
 
 
 def check_run_dir(overrides: dict[str, Any]) -> None:
@@ -244,11 +252,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
               f"flwr run . {deploy.CONNECTION} --stream")
     elif args.action == "run":
         overrides = _overrides(args)
-        cfg = Config.from_run_config(overrides)
-        overrides["output-dir"] = str(Path(cfg.output_dir).resolve())
-        if not overrides.get("run-name"):
-            overrides["run-name"] = f"{cfg.method}-deploy-{time.strftime('%Y%m%d-%H%M%S')}"
-        check_run_dir(overrides)
+        place_run(overrides, Config.from_run_config(overrides), "deploy")
         print(json.dumps(deploy.run(deploy.Deployment.load(home), overrides), indent=2))
     elif args.action == "status":
         dep = deploy.Deployment.load(home)
