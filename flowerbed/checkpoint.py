@@ -136,6 +136,35 @@ def load(run_dir: Path) -> dict[str, Any]:
     return {**out, "round": raw["round"], "rng": raw["rng"]}
 
 
+def finished_rounds(run_dir: Path) -> int | None:
+    """How many rounds the run in ``run_dir`` finished, or None when it has not finished (no
+    ``summary.json``: it is running, stopped, or its extension crashed, which sets the summary
+    aside). The one test of "has this run finished?" for the launcher, ``compare --resume`` and
+    the ServerApp's resume."""
+    import json
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "summary.json").is_file():
+        return None
+    try:
+        rounds = json.loads((run_dir / "config.json").read_text())["num-server-rounds"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # no readable config: nothing to compare against (the resume names the damage)
+    return rounds if isinstance(rounds, int) else None
+
+
+def finished_reason(run_dir: Path, asked: int, reached: int | None = None) -> str | None:
+    """Why the run in ``run_dir`` cannot continue to ``asked`` rounds, or None if it can: it
+    finished that many rounds or more, or (``reached``, its checkpoint's round) went past them."""
+    done = finished_rounds(run_dir)
+    if done is not None and done >= asked:
+        return (f"the run in {run_dir} already finished {done} rounds; raise num-server-rounds "
+                "to extend it")
+    if reached is not None and reached > asked:
+        return f"the run in {run_dir} stopped after round {reached}, past the {asked} asked for"
+    return None
+
+
 def check_compatible(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
     """A resumed run must be the same experiment: only :data:`RESUMABLE_CHANGES` may differ."""
     diff = sorted(k for k in set(saved) | set(current)

@@ -111,13 +111,11 @@ def check_run_dir(overrides: dict[str, Any]) -> None:
     if not overrides.get("resume"):
         refuse_existing(run_dir)
         return
-    if not (run_dir / "config.json").is_file():
-        return  # the ServerApp says what is wrong with it
-    saved = json.loads((run_dir / "config.json").read_text())
+    from flowerbed.checkpoint import finished_reason
+
     asked = Config.from_run_config(overrides).num_server_rounds
-    if (run_dir / "summary.json").exists() and asked <= saved.get("num-server-rounds", asked):
-        raise ConfigError("num-server-rounds", asked, f"the run in {run_dir} already finished "
-                          f"{saved.get('num-server-rounds')} rounds; raise it to extend the run")
+    if reason := finished_reason(run_dir, asked):  # anything else the ServerApp names
+        raise ConfigError("num-server-rounds", asked, reason)
 
 
 def compare_overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -134,11 +134,11 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
     """What ``--resume`` does with the run in ``run_dir``: ``keep`` it (finished, same config),
     ``resume`` it (stopped, or finished with fewer rounds than asked), or start it ``fresh``
     (none there). An earlier run with another config is a ConfigError naming the keys."""
-    from flowerbed.checkpoint import FILE, RESUMABLE_CHANGES
+    from flowerbed.checkpoint import FILE, RESUMABLE_CHANGES, finished_rounds
     from flowerbed.config import Config, ConfigError
 
-    finished, stopped = (run_dir / "summary.json").exists(), (run_dir / FILE).exists()
-    if not (finished or stopped) or not (run_dir / "config.json").exists():
+    done, stopped = finished_rounds(run_dir), (run_dir / FILE).exists()
+    if (done is None and not stopped) or not (run_dir / "config.json").exists():
         return "fresh"
     saved = json.loads((run_dir / "config.json").read_text())
     current = {**Config.from_run_config(rc).to_run_config(), "num-partitions": num_clients}
@@ -148,8 +148,7 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
         raise ConfigError("--resume", str(run_dir), f"the earlier run there differs in {shown}; "
                           "rerun without --resume (it is moved aside) or pass its settings again")
     asked = current["num-server-rounds"]
-    done = saved.get("num-server-rounds", asked)
-    if finished and done == asked:
+    if done == asked:
         same_run = {"resume", "run-name", "output-dir", "num-server-rounds"}
         changed = [k for k in sorted(RESUMABLE_CHANGES - same_run)
                    if saved.get(k, current.get(k)) != current.get(k)]
@@ -159,7 +158,7 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
                               f"other settings ({shown}); rerun without --resume (it is moved "
                               "aside) or pass its settings again")
         return "keep"
-    if finished and (done > asked or not stopped):
+    if done is not None and (done > asked or not stopped):
         raise ConfigError("--resume", str(run_dir), f"the earlier run there finished {done} "
                           f"rounds; this comparison asks for {asked}")
     from flowerbed.checkpoint import CheckpointError, load

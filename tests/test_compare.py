@@ -304,7 +304,7 @@ def test_run_refuses_a_taken_folder_or_a_finished_resume_before_starting(tmp_pat
     assert cli.main([*base, "-c", "run-name='done'"]) == 2
     assert "already holds a run; continue it with `flowerbed run --resume" in capsys.readouterr().err
     assert cli.main(["run", "--resume", str(run), "-c", "num-server-rounds=2"]) == 2
-    assert "already finished 2 rounds; raise it" in capsys.readouterr().err
+    assert "already finished 2 rounds; raise num-server-rounds" in capsys.readouterr().err
 
 
 def test_resume_with_every_run_kept_starts_no_superlink(tmp_path, monkeypatch):

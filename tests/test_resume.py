@@ -110,8 +110,12 @@ def test_every_fault_kind_for_every_method(tmp_path, method):
     summary = run_inprocess(rc, 4)
     rows = read_metrics(tmp_path / "faults")[1:]
     reasons = " | ".join(f["reason"] for r in rows for f in r["failures"])
-    expected = sum(faults.chosen(cfg, p, r) for r in (1, 2) for p in range(4))
-    assert summary["client-failures-total"] == expected, reasons
+    chosen = {(r, p) for r in (1, 2) for p in range(4) if faults.chosen(cfg, p, r)}
+    failed = {(row["round"], f["partition"]): f["reason"] for row in rows for f in row["failures"]}
+    assert chosen <= set(failed), reasons  # every injected fault is counted and named
+    # anything else may only be a client too slow for the 2 s timeout on a loaded machine
+    assert all(failed[k] == "no reply before timeout" for k in set(failed) - chosen), reasons
+    assert summary["client-failures-total"] == len(failed), reasons
     assert all(r["clients-ok"] + r["clients-failed"] == r["clients-sampled"] for r in rows)
     for needle in ("injected fault", "NaN", "shape", "no reply before timeout"):
         assert needle in reasons, (needle, reasons)
@@ -175,7 +179,7 @@ def test_resume_refuses_another_experiment_and_finished_runs(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="lr: 0.01 -> 0.1"):
         run_inprocess(config(tmp_path, "fedavg", "done", resume=str(tmp_path / "done"), lr=0.1),
                       2)
-    with pytest.raises(checkpoint.CheckpointError, match="already finished round 2 of 2"):
+    with pytest.raises(checkpoint.CheckpointError, match="already finished 2 rounds; raise num-server-rounds"):
         run_inprocess(config(tmp_path, "fedavg", "done", resume=str(tmp_path / "done")), 2)
     with pytest.raises(ConfigError, match="already holds a run"):  # no silent overwrite
         run_inprocess(config(tmp_path, "fedavg", "done"), 2)
@@ -504,3 +508,19 @@ def test_local_writes_no_model_file(tmp_path):
     assert (tmp_path / "loc" / "summary.json").exists() and not (tmp_path / "loc" / "model.pt").exists()
     run_inprocess(config(tmp_path, "fedrep", "rep", **{"num-server-rounds": 1}), 2)
     assert (tmp_path / "rep" / "model.pt").exists()
+
+
+def test_finished_reason_is_the_one_test_of_a_finished_run(tmp_path):
+    """The launcher, compare --resume and the ServerApp ask checkpoint.finished_reason: a run is
+    finished when it wrote summary.json, for the rounds its config.json names."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"num-server-rounds": 3}))
+    assert checkpoint.finished_rounds(run) is None  # stopped, or its extension crashed
+    assert checkpoint.finished_reason(run, 3) is None
+    assert "stopped after round 4" in checkpoint.finished_reason(run, 3, reached=4)
+    (run / "summary.json").write_text("{}")
+    assert checkpoint.finished_rounds(run) == 3
+    assert "already finished 3 rounds" in checkpoint.finished_reason(run, 2)
+    assert "already finished 3 rounds" in checkpoint.finished_reason(run, 3)
+    assert checkpoint.finished_reason(run, 4) is None  # an extension

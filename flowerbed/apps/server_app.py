@@ -220,12 +220,8 @@ def _resume_point(cfg: Config, current: dict[str, Any]) -> tuple[dict[str, Any] 
     saved = {**{k: ckpt["config"].get(INHERITED.get(k), v) for k, v in current.items()
                 if k not in ckpt["config"]}, **ckpt["config"]}
     checkpoint.check_compatible(saved, current, path / checkpoint.FILE)
-    done = ckpt["round"] > cfg.num_server_rounds or (
-        ckpt["round"] == cfg.num_server_rounds and (path / "summary.json").exists())
-    if done:
-        raise checkpoint.CheckpointError(
-            f"resume: {path} already finished round {ckpt['round']} of {cfg.num_server_rounds}; "
-            "raise num-server-rounds to continue it")
+    if reason := checkpoint.finished_reason(path, cfg.num_server_rounds, ckpt["round"]):
+        raise checkpoint.CheckpointError(f"resume: {reason}")
     return ckpt, str(path.parent), path.name
 
 
