@@ -179,7 +179,7 @@ def test_resume_refuses_another_experiment_and_finished_runs(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="lr: 0.01 -> 0.1"):
         run_inprocess(config(tmp_path, "fedavg", "done", resume=str(tmp_path / "done"), lr=0.1),
                       2)
-    with pytest.raises(checkpoint.CheckpointError, match="already finished 2 rounds; raise num-server-rounds"):
+    with pytest.raises(checkpoint.CheckpointError, match="already finished 2 rounds; raise"):
         run_inprocess(config(tmp_path, "fedavg", "done", resume=str(tmp_path / "done")), 2)
     with pytest.raises(ConfigError, match="already holds a run"):  # no silent overwrite
         run_inprocess(config(tmp_path, "fedavg", "done"), 2)
