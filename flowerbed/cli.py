@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -95,10 +94,12 @@ def place_run(overrides: dict[str, Any], cfg: Config, kind: str = "") -> None:
     """Where a run of ``cfg`` lands, set in ``overrides``: an absolute output-dir, and a run-name
     (method, ``kind``, time) where none is given ("" too: the launcher must know where the run
     lands); then the refusals the ServerApp would make there, before anything starts."""
+    from flowerbed.results import new_folder
+
     overrides["output-dir"] = str(Path(cfg.output_dir).resolve())
     if not overrides.get("run-name"):
-        overrides["run-name"] = "-".join([cfg.method, *([kind] if kind else []),
-                                          time.strftime("%Y%m%d-%H%M%S")])
+        stem = "-".join([cfg.method, *([kind] if kind else [])])
+        overrides["run-name"] = new_folder(Path(overrides["output-dir"]), stem).name
     check_run_dir(overrides)
 
 

@@ -49,7 +49,9 @@ def check_labels(methods: list[str], seeds: list[int] | None = None) -> None:
 
 
 def default_out() -> Path:
-    return Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    from flowerbed.results import new_folder
+
+    return new_folder(Path("runs"), "compare")
 
 
 def failed_runs(out: Path) -> list[str]:

@@ -129,6 +129,19 @@ class RunDir:
         return summary
 
 
+def new_folder(parent: Path, stem: str) -> Path:
+    """A new, empty folder ``<parent>/<stem>-<time>`` (``-2``, ``-3``... appended where that is
+    taken), created here, so two runs started in the same second never share one."""
+    base, n = f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}", 1
+    while True:
+        path = Path(parent) / (base if n == 1 else f"{base}-{n}")
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            n += 1
+
+
 def refuse_existing(run_dir: Path) -> None:
     """A new run never goes into a directory that holds a run's metrics (a ConfigError)."""
     metrics = Path(run_dir) / "metrics.jsonl"

@@ -326,3 +326,29 @@ def test_failure_reason_skips_client_errors_the_rounds_survived():
     assert cmp.engine.failure_reason(lines, "/d") == "the ServerApp failed"
     mine = [*lines[:2], "flowerbed.checkpoint.CheckpointError: resume: x is corrupt\n"]
     assert cmp.engine.failure_reason(mine, "/d") == "CheckpointError: resume: x is corrupt"
+
+
+def test_default_run_folders_are_never_shared(tmp_path):
+    """Regression: default run names were unique only to the second, so two launchers started
+    in the same second wrote into one folder. The folder is now created when it is named."""
+    from flowerbed.cli import place_run
+    from flowerbed.results import new_folder
+
+    first, second = new_folder(tmp_path, "fedavg"), new_folder(tmp_path, "fedavg")
+    assert first.is_dir() and second.is_dir() and first != second
+    names = set()
+    for _ in range(3):  # the launcher's default name, three times in (almost surely) one second
+        overrides = {"method": "fedavg", "output-dir": str(tmp_path / "runs")}
+        place_run(overrides, Config.from_run_config(overrides))
+        names.add(overrides["run-name"])
+        assert (tmp_path / "runs" / overrides["run-name"]).is_dir()
+    assert len(names) == 3
+
+
+def test_plain_flwr_runs_without_a_name_get_distinct_folders(tmp_path):
+    from flowerbed.apps.server_app import default_run_name
+
+    cfg = Config.from_run_config({"output-dir": str(tmp_path), "partition": "dirichlet:0.5"})
+    a, b = default_run_name(cfg), default_run_name(cfg)
+    assert a != b and a.startswith("fedavg-fashion-mnist-dirichlet0.5-s0-")
+    assert (tmp_path / a).is_dir() and (tmp_path / b).is_dir()

@@ -17,7 +17,7 @@ from flowerbed.config import Config, ConfigError
 from flowerbed.datasets.federated import client_partitions, test_set, train_set
 from flowerbed.datasets.partition import warn_unheld
 from flowerbed.registry import METHODS
-from flowerbed.results import RunDir
+from flowerbed.results import RunDir, new_folder
 from flowerbed.strategies.base import WHOAMI, cast_like
 from flowerbed.training import pick_device
 
@@ -60,8 +60,10 @@ def wait_for_nodes(grid: Grid, n: int, timeout: float = 120.0) -> list[int]:
 
 
 def default_run_name(cfg: Config) -> str:
+    """A plain ``flwr run`` without run-name: a new folder named for the method, data set,
+    partition, seed and time (the launcher names its runs itself)."""
     part = str(cfg.partition).replace(":", "")
-    return f"{cfg.method}-{cfg.dataset}-{part}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return new_folder(Path(cfg.output_dir), f"{cfg.method}-{cfg.dataset}-{part}-s{cfg.seed}").name
 
 
 def run(grid: Grid, cfg: Config) -> dict[str, Any]:
