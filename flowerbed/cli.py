@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -210,7 +213,12 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     home = Path(args.home) if args.home else deploy.DEFAULT_HOME
     if args.action == "certs":
         hosts = list(dict.fromkeys([*certs.DEFAULT_HOSTS, args.address, *args.host]))
-        files = certs.make_certs(Path(args.out or home / "certs"), hosts)
+        out = Path(args.out or home / "certs")
+        if (out / certs.CA_CERT).exists() and not args.force:
+            raise ConfigError("--out", str(out), f"holds certificates already ({certs.CA_CERT}); "
+                              "new ones need a new CA, so every SuperNode would need the new "
+                              f"{certs.CA_CERT}: pass --force to replace them")
+        files = certs.make_certs(out, hosts)
         print(f"CA {files['ca']}, SuperLink certificate {files['cert']} (+ key) for {', '.join(hosts)}")
     elif args.action == "node-key":
         pub = certs.make_node_key(Path(args.out or home / "keys" / "supernode-0"))
@@ -242,7 +250,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                  for i in range(args.num_clients)]
         dep = deploy.up(deploy.Deployment(home=home, address=f"{args.address}:{args.port}",
                                           insecure=args.insecure, auth=args.auth),
-                        args.num_clients, host=args.host_bind, node_extra=extra, cert_hosts=args.host)
+                        args.num_clients, host=args.host_bind or deploy.bind_for(args.address),
+                        node_extra=extra, cert_hosts=args.host)
         print(f"SuperLink on {dep.address} ({'insecure' if dep.insecure else 'TLS'}"
               f"{', SuperNode auth' if dep.auth else ''}), {args.num_clients} SuperNodes; "
               f"logs in {dep.home / 'logs'}")
@@ -257,7 +266,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         dep = deploy.Deployment.load(home)
         for name, pid in dep.pids.items():
             print(f"{name:>14} pid {pid}: {'running' if dep.alive(name) else 'gone'}")
-        print(f"SuperNodes online (flwr supernode list): {deploy.online_nodes(dep)}")
+        if "superlink" in dep.pids and not dep.alive("superlink"):
+            print("the SuperLink is gone: restart with `flowerbed deploy down`, then `up`")
+        else:
+            print(f"SuperNodes online (flwr supernode list): {deploy.online_nodes(dep)}")
     else:
         print("stopped: " + ", ".join(deploy.down(deploy.Deployment.load(home))))
     return 0
@@ -308,11 +320,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--address", default="127.0.0.1",
                    help="address SuperNodes and flwr use to reach the SuperLink (default 127.0.0.1)")
     d.add_argument("--port", type=int, default=8000, help="SuperLink port (default 8000)")
-    d.add_argument("--host-bind", default="127.0.0.1",
-                   help="interface the SuperLink listens on; 0.0.0.0 for other machines")
+    d.add_argument("--host-bind", default=None,
+                   help="interface the SuperLink listens on (default 127.0.0.1 where --address "
+                        "is this machine's loopback, else 0.0.0.0: all interfaces)")
     d.add_argument("--host", action="append", default=[],
                    help="extra name/IP for the SuperLink's TLS certificate (repeatable)")
     d.add_argument("--insecure", action="store_true", help="no TLS (plain HTTP); only when asked")
+    d.add_argument("--force", action="store_true",
+                   help="certs: replace existing certificates (and their CA)")
     d.add_argument("--auth", action="store_true",
                    help="SuperNode authentication: only registered keys may connect")
     d.add_argument("--data-root", default="", help="data set folder the SuperNodes read")
@@ -340,16 +355,46 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (``kill``, a closed terminal, a lost SSH session), raised so that it
+    ends a command as Ctrl-C does: the run stopped on its SuperLink, our processes stopped."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def signals_interrupt():
+    """While a command runs, SIGTERM and SIGHUP raise :class:`Terminated` (in the main thread
+    only, where Python delivers signals); the earlier handlers come back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise Terminated(signum)
+
+    old = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.fn(args) or 0)
+        with signals_interrupt():
+            return int(args.fn(args) or 0)
     except ConfigError as e:
         print(f"flowerbed: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # what was running is stopped on the way out (flwr_run, up)
-        print("flowerbed: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # what was running is stopped on the way out (flwr_run, up)
+        print(f"flowerbed: {'terminated' if isinstance(e, Terminated) else 'interrupted'}",
+              file=sys.stderr)
+        return 128 + getattr(e, "signum", signal.SIGINT)
     except Exception as e:  # noqa: BLE001 - one clear line, not a traceback, for users
         from flowerbed.datasets.loading import DataError
         from flowerbed.deploy import DeployError

@@ -40,6 +40,7 @@ from flowerbed.engine import (
     flwr_run,
     free_port,
     ours,
+    port_open,
     start_time,
     stop_group,
     toml_value,
@@ -206,6 +207,20 @@ def register_node(dep: Deployment, i: int) -> None:
 # ---------------------------------------------------------------------- up / down
 
 
+def bind_for(address: str) -> str:
+    """The interface a SuperLink reached at ``address`` listens on: the loopback where the
+    address is the loopback (nothing else can reach it), else all interfaces (a SuperLink bound
+    to 127.0.0.1 never answers at 10.0.0.5, and ``up`` waited a minute to say so)."""
+    import ipaddress
+
+    host = address.strip("[]")
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    return ("::1" if ":" in host else "127.0.0.1") if loopback else "0.0.0.0"
+
+
 def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
        node_extra: list[dict[str, Any]] | None = None, cert_hosts: list[str] | None = None,
        wait_nodes: bool = True, wrap: Callable[[str], list[str]] | None = None) -> Deployment:
@@ -226,19 +241,26 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
     dep.home.mkdir(parents=True, exist_ok=True)
     sl_host, port_text = dep.address.rsplit(":", 1)
     sl_host, port = sl_host.strip("[]"), int(port_text)
-    wanted = [sl_host, *(cert_hosts or [])]
+    # the SuperLink's own ServerApp executor connects to the bound interface: name it too
+    bound = [] if host in ("0.0.0.0", "::", "", sl_host) else [host]
+    wanted = list(dict.fromkeys([sl_host, *bound, *(cert_hosts or [])]))
     if not dep.insecure and not (dep.certs / certs.SERVER_CERT).exists():
         certs.make_certs(dep.certs, [*certs.DEFAULT_HOSTS, *wanted])
     elif not dep.insecure and (missing := certs.unnamed(dep.certs / certs.SERVER_CERT, wanted)):
         raise DeployError(f"the SuperLink certificate {dep.certs / certs.SERVER_CERT} (made by an "
                           f"earlier `up`) does not name {', '.join(missing)}; make new ones with "
-                          f"`flowerbed deploy certs --home {dep.home} "
+                          f"`flowerbed deploy certs --force --home {dep.home} "
                           + " ".join(f"--host {h}" for h in wanted) + "` (then give the "
                           "SuperNodes the new ca.crt)")
     if not dep.insecure and (end := certs.expires(dep.certs / certs.SERVER_CERT)) < dt.datetime.now(dt.UTC):
         raise DeployError(f"the SuperLink certificate {dep.certs / certs.SERVER_CERT} expired on "
-                          f"{end:%Y-%m-%d}; make new ones with `flowerbed deploy certs --home "
+                          f"{end:%Y-%m-%d}; make new ones with `flowerbed deploy certs --force --home "
                           f"{dep.home}` (then give the SuperNodes the new ca.crt)")
+    probe = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    if port_open(probe, port) or (sl_host != probe and port_open(sl_host, port)):
+        # the other process's listener would answer for ours, and our SuperNodes join its federation
+        raise DeployError(f"port {port} is in use on {probe} (another SuperLink or deployment?); "
+                          "stop it or pick another with --port")
     dep.write_connection()
     dep.pids = {}
     try:
@@ -303,6 +325,10 @@ def down(dep: Deployment) -> list[str]:
 
 def run(dep: Deployment, run_config: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
     """``flwr run <project> flowerbed-deploy`` on this deployment; returns summary.json."""
+    if "superlink" in dep.pids and not dep.alive("superlink"):
+        raise DeployError(f"the SuperLink of {dep.home} is not running (pid {dep.pids['superlink']} "
+                          f"is gone; its log: {dep.log_file('superlink')}); restart the deployment "
+                          "with `flowerbed deploy down`, then `up`")
     return flwr_run(dep.home, CONNECTION, run_config, None, **kwargs)
 
 

@@ -223,9 +223,13 @@ def test_every_method_runs_on_the_deployment_engine(every_method, method):
         assert {"client-accuracy-min", "client-accuracy-max", "jain-index"} <= set(last)
 
 
-def test_ctrl_c_in_deploy_run_stops_the_run_on_the_superlink(deployment, tmp_path):
+@pytest.mark.parametrize("sig, group", [(signal.SIGINT, True), (signal.SIGHUP, True),
+                                        (signal.SIGTERM, False)])
+def test_ctrl_c_in_deploy_run_stops_the_run_on_the_superlink(deployment, tmp_path, sig, group):
     """The SuperLink outlives the launcher: Ctrl-C must stop the run there (``flwr stop``), not
-    only the local ``flwr run --stream``, or the ServerApp trains on for nobody."""
+    only the local ``flwr run --stream``, or the ServerApp trains on for nobody. So must a
+    closed terminal (SIGHUP to the group) and ``kill <launcher>`` (SIGTERM to it alone): both
+    left the run going."""
     rc = (f"method='fedavg' num-server-rounds=200 train-samples=1000 test-samples=200 "
           f"min-clients=2 fraction-evaluate=0.0 output-dir='{tmp_path}' run-name='interrupted'")
     cmd = [sys.executable, "-m", "flowerbed", "deploy", "run", "--home", str(deployment.home),
@@ -244,9 +248,9 @@ def test_ctrl_c_in_deploy_run_stops_the_run_on_the_superlink(deployment, tmp_pat
     else:
         pytest.fail("".join(lines[-30:]))
     time.sleep(3)
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, sig) if group else os.kill(proc.pid, sig)
     rest = proc.communicate(timeout=90)[0]
-    assert proc.returncode == 130 and "Traceback" not in rest, rest[-3000:]
+    assert proc.returncode == 128 + sig and "Traceback" not in rest, rest[-3000:]
     assert f"stopped run {run_id}" in rest, rest[-3000:]
     res = deploy.flwr_cli(deployment, "list", "--run-id", run_id, deploy.CONNECTION,
                           "--format", "json")
@@ -395,3 +399,66 @@ def test_down_stops_a_group_whose_leader_died():
     leader.wait()
     assert _group_alive(leader.pid) and dep.ours("supernode-0")  # its child runs on
     assert deploy.down(dep) == ["supernode-0"] and not _group_alive(leader.pid)
+
+
+def test_up_refuses_a_port_in_use_before_starting_anything(tmp_path):
+    """Found by a review: `up --port` on a port another deployment held reported success (the
+    other listener answered), its own SuperLink died on 'address already in use', and its
+    SuperNodes joined the other federation."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        dep = deploy.Deployment(home=tmp_path, address=f"127.0.0.1:{port}", insecure=True)
+        with pytest.raises(deploy.DeployError, match=f"port {port} is in use"):
+            deploy.up(dep, 1)
+    assert not (tmp_path / "pids.json").exists()  # nothing was started
+
+
+def test_the_superlink_listens_where_its_address_points():
+    """`up --address 10.0.0.5` bound 127.0.0.1 and waited a minute to report a closed port."""
+    assert deploy.bind_for("127.0.0.1") == "127.0.0.1" and deploy.bind_for("localhost") == "127.0.0.1"
+    assert deploy.bind_for("[::1]") == "::1"
+    assert deploy.bind_for("10.0.0.5") == deploy.bind_for("lab.example") == "0.0.0.0"
+
+
+def test_a_specific_bind_address_is_named_in_the_certificate(tmp_path):
+    """The SuperLink's ServerApp executor connects to the bound interface, so a certificate
+    without it is refused up front, with the command that makes one."""
+    certs.make_certs(tmp_path / "certs", [*certs.DEFAULT_HOSTS, "lab.example"])
+    dep = deploy.Deployment(home=tmp_path, address=f"lab.example:{free_port()}")
+    with pytest.raises(deploy.DeployError, match="does not name 10.0.0.7;.*--host 10.0.0.7"):
+        deploy.up(dep, 1, host="10.0.0.7")
+
+
+def test_certs_are_not_replaced_without_force(tmp_path, capsys):
+    """Found by a review: a second `deploy certs` made a new CA without a word, which breaks
+    every SuperNode that holds the old ca.crt."""
+    from flowerbed import cli
+
+    out = tmp_path / "certs"
+    assert cli.main(["deploy", "certs", "--out", str(out)]) == 0
+    ca = (out / certs.CA_CERT).read_bytes()
+    assert cli.main(["deploy", "certs", "--out", str(out), "--host", "10.0.0.5"]) == 2
+    assert "pass --force" in capsys.readouterr().err and (out / certs.CA_CERT).read_bytes() == ca
+    assert cli.main(["deploy", "certs", "--out", str(out), "--host", "10.0.0.5", "--force"]) == 0
+    assert (out / certs.CA_CERT).read_bytes() != ca
+    assert certs.unnamed(out / certs.SERVER_CERT, ["10.0.0.5"]) == []
+
+
+def test_a_dead_superlink_is_named_by_run_and_status(tmp_path, capsys):
+    """Found by a review: after the SuperLink died, `status` printed 'SuperNodes online: None'
+    and `deploy run` ended with a bare 'the ServerApp failed'."""
+    from flowerbed import cli
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dep = deploy.Deployment(home=tmp_path, insecure=True)
+    dep.pids, dep.starts = {"superlink": gone.pid}, {"superlink": 1}
+    dep.save()
+    with pytest.raises(deploy.DeployError, match="SuperLink of .* is not running"):
+        deploy.run(deploy.Deployment.load(tmp_path), {"output-dir": str(tmp_path), "run-name": "r"})
+    assert cli.main(["deploy", "status", "--home", str(tmp_path)]) == 0
+    assert "the SuperLink is gone" in capsys.readouterr().out

@@ -60,7 +60,7 @@ def kind(name: str) -> str:
 
 @pytest.mark.parametrize("files", [("compose.yml",), ("compose.yml", "with-tls.yml")])
 def test_compose_matches_flower(files):
-    services = merged(*files)["services"]
+    services = {n: s for n, s in merged(*files)["services"].items() if n != "volumes-init"}
     accepted = {b: help_flags(b) for b in ("flower-superlink", "flower-supernode", "flower-superexec")}
     for name, svc in services.items():
         image = str(svc.get("image", ""))
@@ -112,3 +112,34 @@ def test_tls_overlay_keeps_the_ca_key_out_of_the_containers():
     for name, svc in yaml.safe_load((DOCKER / "with-tls.yml").read_text())["services"].items():
         for volume in svc.get("volumes", []):
             assert "ca.key" not in volume and not volume.startswith("./certs:"), (name, volume)
+
+
+@pytest.mark.parametrize("files", [("compose.yml",), ("compose.yml", "with-tls.yml")])
+def test_named_volumes_are_handed_to_the_containers_user_first(files):
+    """Named volumes start out owned by root and Flower's images run as uid 49999: the SuperLink
+    could not create its state.db, nor the ServerApp write its results. volumes-init chowns every
+    named volume a Flower container writes to, and those containers wait for it."""
+    services = merged(*files)["services"]
+    init = services["volumes-init"]
+    entry = list(map(str, init["entrypoint"]))
+    assert entry[:3] == ["chown", "-R", "49999:49999"] and str(init["user"]) == "root"
+
+    def named(svc: dict) -> dict[str, str]:  # volume name -> mount path, short or long syntax
+        out = {}
+        for v in svc.get("volumes", []):
+            src, dst = (v["source"], v["target"]) if isinstance(v, dict) else v.split(":")[:2]
+            if not src.startswith((".", "/", "$")):
+                out[src] = dst
+        return out
+
+    chowned = {named(init)[n] for n in named(init)}
+    assert chowned == set(entry[3:])
+    for name, svc in services.items():
+        if name == "volumes-init" or not named(svc):
+            continue
+        assert set(named(svc)) <= set(named(init)), (name, named(svc))
+        deps = svc.get("depends_on", {})
+        assert isinstance(deps, dict) and deps.get("volumes-init", {}).get(
+            "condition") == "service_completed_successfully", (name, deps)
+    ports = [str(p.get("host_ip", "") if isinstance(p, dict) else p) for p in services["superlink"]["ports"]]
+    assert all(p.startswith("127.0.0.1") for p in ports), ports  # not open to the network
