@@ -1,10 +1,15 @@
 """Server-side logic on replies built here: FedAvg's mean, reply validation, SCAFFOLD's update."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
+from torch import nn
 
-from flowerbed.config import ConfigError
+from flowerbed.config import Config, ConfigError
+from flowerbed.strategies.base import cast_like
 from flowerbed.strategies.fedavg import FedAvgStrategy, FedProxStrategy
 from flowerbed.strategies.scaffold import ACCEPTED, CV_DELTA, ScaffoldStrategy
 from tests.conftest import FakeGrid, error_reply, reply
@@ -271,3 +276,143 @@ def test_two_nodes_claiming_one_partition_and_silent_nodes_mid_run(cfg, caplog):
     assert "node 3 ignored this round: run-config 'partition-id' = 0" in caplog.text
     s.sample(WhoamiGrid({2: one, 3: zero}), 3, 1.0, 0)  # node 1 left: node 3 takes partition 0
     assert s.node_of == {0: 3, 1: 2}
+
+
+# ------------------------------------------------ found by a mutation review (session 37)
+
+
+def with_metrics(value, n, **metrics):
+    return RecordDict({"arrays": arrays(value),
+                       "metrics": MetricRecord({"num-examples": n, **metrics})})
+
+
+def test_train_metrics_are_sample_weighted(cfg):
+    """A1: aggregate_metrics must weight each reply's metric by num-examples (not count replies)."""
+    s = FedAvgStrategy(cfg)
+    s._reference = arrays(0.0)
+    msgs = prepared(s, [101, 102])
+    _, m = s.aggregate_train(1, [reply(msgs[0], with_metrics(1.0, 10, **{"train-loss": 1.0})),
+                                 reply(msgs[1], with_metrics(1.0, 30, **{"train-loss": 3.0}))])
+    assert m["train-loss"] == pytest.approx((10 * 1.0 + 30 * 3.0) / 40)  # 2.5, not 2.0
+
+
+def test_cast_like_rounds_integer_buffers():
+    """A2: an averaged int64 buffer is rounded to nearest, not truncated."""
+    ref = ArrayRecord({"n": Array(np.array([0], np.int64)), "w": Array(np.zeros(2, np.float32))})
+    rec = ArrayRecord({"n": Array(np.array([2.75])), "w": Array(np.array([0.5, 1.5]))})
+    out = cast_like(rec, ref)
+    assert out["n"].numpy().dtype == np.int64 and out["n"].numpy().tolist() == [3]
+    assert out["w"].numpy().dtype == np.float32
+
+
+def test_aggregate_keeps_the_models_integer_dtype(cfg):
+    """A2/A3: FedAvg of int64 buffers comes back int64 (rounded), so next round's int64 replies
+    still match the model."""
+    s = FedAvgStrategy(cfg)
+    ref = ArrayRecord({"w": Array(np.zeros(2, np.float32)), "n": Array(np.array([0], np.int64))})
+    s._reference = ref
+    msgs = sent_to(s, [101, 102])
+
+    def c(v, k, n):
+        return RecordDict({"arrays": ArrayRecord({"w": Array(np.full(2, v, np.float32)),
+                                                  "n": Array(np.array([k], np.int64))}),
+                           "m": MetricRecord({"num-examples": n})})
+
+    out, _ = s.aggregate_train(1, [reply(msgs[0], c(1.0, 1, 10)), reply(msgs[1], c(2.0, 2, 30))])
+    assert out["n"].numpy().dtype == np.int64 and out["n"].numpy().tolist() == [2]  # 1.75 -> 2
+
+
+def test_sampling_changes_from_round_to_round(cfg):
+    """A4: the sampling generator is seeded by the round too; the same clients every round would
+    leave the others untrained."""
+    s = FedAvgStrategy(cfg.replace(fraction_train=0.3, min_clients=1))
+    nodes = list(range(100, 110))
+    prepared(s, nodes)
+    grid = FakeGrid(nodes)
+    picks = {tuple(s.sample(grid, r, 0.3, 0)) for r in range(1, 9)}
+    assert len(picks) > 1
+    assert all(len(p) == 3 for p in picks)
+
+
+def test_sampling_never_goes_below_min_clients(cfg):
+    """A5: fraction x clients below min-clients still samples min-clients (else every round would
+    be skipped for too few replies)."""
+    s = FedAvgStrategy(cfg.replace(fraction_train=0.1, min_clients=3))
+    nodes = list(range(100, 110))
+    prepared(s, nodes)
+    assert len(s.sample(FakeGrid(nodes), 1, 0.1, 0)) == 3
+
+
+def test_the_last_round_is_always_evaluated(cfg):
+    """A6: eval-every not dividing num-server-rounds still evaluates the last round."""
+    s = FedAvgStrategy(cfg.replace(eval_every=3, num_server_rounds=4))
+    assert [r for r in range(1, 5) if s.evaluates(r)] == [3, 4]
+
+
+def test_a_reply_with_a_nan_metric_is_refused(cfg):
+    """A7: a NaN train-loss is left out (it would turn the round's metric into NaN)."""
+    s = FedAvgStrategy(cfg)
+    s._reference = arrays(0.0)
+    msgs = prepared(s, [101, 102])
+    _, m = s.aggregate_train(1, [reply(msgs[0], with_metrics(1.0, 10, **{"train-loss": 1.0})),
+                                 reply(msgs[1], with_metrics(1.0, 10, **{"train-loss": float("nan")}))])
+    assert [f["partition"] for f in s.round.failed] == [1]
+    assert "not finite" in s.round.failed[0]["reason"] and m["train-loss"] == pytest.approx(1.0)
+
+
+def test_scaffold_control_variate_update_option_ii():
+    """S1/S3: c_i+ = c_i - c + (x - y) / (K eta / (1 - beta)); delta = c_i+ - c_i."""
+    from flowerbed.clients.scaffold import PENDING, ScaffoldClient
+    from flowerbed.strategies.scaffold import CV_DELTA
+
+    cfg = Config.from_run_config({"method": "scaffold", "lr": 0.1, "momentum": 0.5})
+    model = nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)  # y (after training)
+    me = SimpleNamespace(cfg=cfg, steps=4, round_of=lambda m: 1,
+                         context=Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                                         run_config={}),
+                         _x={"weight": torch.full((1, 1), 3.0)},    # x (before training)
+                         _c={"weight": torch.full((1, 1), 0.5)},
+                         _ci={"weight": torch.full((1, 1), 0.2)})
+    out = ScaffoldClient.extra_arrays(me, model, None)
+    ci_plus = 0.2 - 0.5 + (3.0 - 1.0) / (4 * 0.1 / (1 - 0.5))  # = 2.2
+    assert me.context.state[PENDING]["weight"].numpy().item() == pytest.approx(ci_plus)
+    assert out[CV_DELTA]["weight"].numpy().item() == pytest.approx(ci_plus - 0.2)
+
+
+def test_scaffold_correction_adds_c_minus_c_i_to_the_gradient():
+    """S2: each step uses g - c_i + c: a positive server c pushes parameters down."""
+    from flowerbed.clients.base import make_model
+    from flowerbed.datasets.federated import train_set
+    from flowerbed.registry import METHODS
+    from flowerbed.strategies.scaffold import SERVER_CV
+    from flowerbed.training import to_record
+    from tests.conftest import sent
+
+    small = {"method": "scaffold", "train-samples": 1000, "test-samples": 100, "batch-size": 32,
+             "local-test-fraction": 0.25}
+    cfg = Config.from_run_config(small)
+    torch.manual_seed(0)
+    model = to_record(make_model(cfg, train_set(cfg)))
+
+    def train(c_value):
+        ctx = Context(run_id=1, node_id=4, node_config={"partition-id": 2, "num-partitions": 5},
+                      state=RecordDict(), run_config=cfg.to_run_config())
+        cv = ArrayRecord({k: Array(np.full(v.numpy().shape, c_value, np.float32))
+                          for k, v in model.items() if k == "fc2.bias"})
+        out = METHODS["scaffold"].client(cfg, ctx).train(sent(4, RecordDict({
+            "arrays": model, SERVER_CV: cv, "config": ConfigRecord({"server-round": 1})})))
+        return out.content["arrays"]["fc2.bias"].numpy()
+
+    assert (train(1.0) - train(0.0)).max() < 0  # the correction +c lowers every bias entry
+
+
+def test_jain_index_by_hand():
+    """C1: Jain's index (sum x)^2 / (n sum x^2)."""
+    from flowerbed.apps.server_app import fairness
+
+    f = fairness([1.0, 0.0])
+    assert f["jain-index"] == pytest.approx(0.5)
+    assert fairness([0.6, 0.6, 0.6])["jain-index"] == pytest.approx(1.0)
+    assert f["client-accuracy-std"] == pytest.approx(0.5)

@@ -1,11 +1,14 @@
 """Fed-ADE: schedules, the Markov chain, the estimators, learning-rate bounds, BBSE."""
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, Context, RecordDict
+from flwr.app import Array, ConfigRecord, Context, RecordDict
+from torch import nn
+from torch.nn import functional as F
 
 from flowerbed.clients.fedade import bbse_weights, lr_from
 from flowerbed.config import Config
@@ -256,3 +259,78 @@ def test_pretraining_cache_is_keyed_by_the_pool_itself():
     (pa, _, _), (pb, _, _) = pools(a), pools(b)
     assert len(pa) == len(pb) and cache_path(a, pa) != cache_path(b, pb)
     assert cache_path(a, pa) == cache_path(a, pools(a)[0])
+
+
+# ------------------------------------------------ found by a mutation review (session 37)
+
+
+def _ade_cfg(**extra):
+    return Config.from_run_config({"method": "fedade", "num-server-rounds": 4,
+                                   "fedade-lr-min": 0.0, "fedade-lr-max": 1.0, **extra})
+
+
+def test_fedade_learning_rate_uses_the_mean_of_both_estimators():
+    """D1: S = (S_unc + S_rep) / 2, eta = eta_min + (eta_max - eta_min) S."""
+    from flowerbed.clients.fedade import FedADEClient
+
+    me = SimpleNamespace(cfg=_ade_cfg())
+    assert FedADEClient.learning_rate(me, 0.2, 0.4) == pytest.approx(0.3)
+    me = SimpleNamespace(cfg=_ade_cfg(**{"fedade-estimators": "rep"}))
+    assert FedADEClient.learning_rate(me, 0.2, 0.4) == pytest.approx(0.4)
+
+
+class _Feat(nn.Module):
+    """trunk(x) = x (2 features), logits = x: shifts computed by hand."""
+
+    def trunk(self, x):
+        return x
+
+    def forward(self, x):
+        return x
+
+
+def test_fedade_shift_estimators_by_hand():
+    """D2: S_rep = (1 - cos(z_prev, z)) / 2 and S_unc = 1 - cos(q_prev, q)."""
+    from flowerbed.clients.fedade import FedADEClient
+
+    me = SimpleNamespace(cfg=_ade_cfg(), context=Context(run_id=1, node_id=1, node_config={},
+                                                         state=RecordDict(), run_config={}))
+    x0, x1 = torch.tensor([[3.0, 0.0]]), torch.tensor([[0.0, 3.0]])
+    assert FedADEClient.shift(me, _Feat(), x0, 0) == (0.0, 0.0)
+    s_unc, s_rep = FedADEClient.shift(me, _Feat(), x1, 1)
+    assert s_rep == pytest.approx(0.5)  # orthogonal features: cos 0 -> 1/2, not 1
+    q0, q1 = torch.softmax(x0, 1)[0].double(), torch.softmax(x1, 1)[0].double()
+    assert s_unc == pytest.approx(1 - float(F.cosine_similarity(q0, q1, dim=0)))
+
+
+def test_bbse_recovers_a_label_shift_from_a_non_uniform_source():
+    """D3: M must be column-normalised by q0 (the existing test's q0 is uniform, which hides it)."""
+    from flowerbed.clients.fedade import bbse_weights
+
+    cond = np.array([[0.8, 0.3], [0.2, 0.7]])  # P(y_hat | y)
+    q0, q_true = np.array([0.7, 0.3]), np.array([0.4, 0.6])
+    w = bbse_weights(cond * q0, cond @ q_true)
+    assert w == pytest.approx(q_true / q0)
+
+
+def test_bbse_risk_is_the_reweighted_class_risk():
+    """D4: risk = sum_y w_y q0_y R_y (= sum_y Q_y R_y), with R_y the mean CE of class y."""
+    from flowerbed.clients.fedade import FedADEClient, bbse_weights
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    conf = np.array([[0.56, 0.09], [0.14, 0.21]])  # q0 = [0.7, 0.3]
+    rx, ry = torch.randn(6, 3), torch.tensor([0, 0, 0, 0, 1, 1])
+    x = torch.randn(8, 3)
+    me = SimpleNamespace(cfg=_ade_cfg(**{"fedade-risk": "bbse"}), device=torch.device("cpu"),
+                         model_input=lambda t: t.float())
+    msg = SimpleNamespace(content={"bbse": {"confusion": Array(conf), "ref_x": Array(rx.numpy()),
+                                            "ref_y": Array(ry.numpy())}})
+    got = FedADEClient.risk(me, model, x, msg).item()
+    with torch.no_grad():
+        freq = np.bincount(model(x).argmax(1).numpy(), minlength=2) / len(x)
+        w = bbse_weights(conf, freq)
+        ce = F.cross_entropy(model(rx), ry, reduction="none").numpy()
+    q0 = conf.sum(0)
+    want = sum(w[y] * q0[y] * ce[ry.numpy() == y].mean() for y in range(2))
+    assert got == pytest.approx(want, rel=1e-5)

@@ -1,5 +1,7 @@
 """FedFew's weights and update, IFCA's clustering, FedRep's split, and the personalised clients."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
@@ -275,3 +277,53 @@ def test_fedfew_reports_the_last_local_epochs_loss():
     last, both = mean_loss(True), mean_loss(False)
     assert last < both
     assert out.content["metrics"]["losses"][0] == pytest.approx(last, rel=1e-6)
+
+
+# ------------------------------------------------ found by a mutation review (session 37)
+
+
+def test_fedfew_train_loss_is_the_weighted_best_model_loss():
+    """F1: FedFew's reported train-loss is sum_i n_i min_k L_ik / sum_i n_i."""
+    from flowerbed.strategies.fedfew import FedFewStrategy
+
+    cfg = Config.from_run_config({"method": "fedfew", "num-models": 2, "min-clients": 1})
+    s = FedFewStrategy(cfg)
+    msgs = prepared(s, [100, 101])
+    s._models, s._reference = [rec(0.0), rec(1.0)], rec(0.0)
+    losses, n = [[0.2, 1.0], [1.5, 0.3]], [30, 10]
+    reps = [reply(msgs[i], RecordDict({"model.0": rec(1.0), "model.1": rec(1.0),
+                                       "m": MetricRecord({"num-examples": n[i], "losses": losses[i]})}))
+            for i in range(2)]
+    _, metrics = s.aggregate_train(1, reps)
+    assert metrics["train-loss"] == pytest.approx((30 * 0.2 + 10 * 0.3) / 40)
+
+
+def test_fedfew_local_accuracy_is_weighted_by_eval_examples():
+    """F2: fedfew-eval=local pools the clients' scores weighted by their local test sizes."""
+    from flowerbed.strategies.fedfew import FedFewStrategy
+
+    cfg = Config.from_run_config({"method": "fedfew", "num-models": 1, "min-clients": 1,
+                                  "fedfew-eval": "local"})
+    s = FedFewStrategy(cfg)
+    msgs = prepared(s, [100, 101])
+    s._models, s._reference = [rec(0.0)], rec(0.0)
+
+    def c(acc, loss, ne):
+        return RecordDict({"model.0": rec(1.0), "m": MetricRecord({
+            "num-examples": 10, "losses": [0.5], "personal-accuracy": acc, "personal-loss": loss,
+            "eval-examples": ne})})
+
+    s.aggregate_train(1, [reply(msgs[0], c(1.0, 0.0, 1)), reply(msgs[1], c(0.0, 2.0, 3))])
+    assert s.round.eval_metrics["accuracy"] == pytest.approx(0.25)
+    assert s.round.eval_metrics["loss"] == pytest.approx(1.5)
+
+
+def test_multi_model_client_picks_the_lowest_training_loss(monkeypatch):
+    """F4: IFCA's cluster (and FedFew's served model) is the model with the LOWEST loss."""
+    import flowerbed.clients.fedfew as ff
+
+    losses = {"a": 2.0, "b": 0.5, "c": 1.0}
+    monkeypatch.setattr(ff, "evaluate", lambda m, data, device: (losses[m], 0.0))
+    k, got = ff.MultiModelClient.best_model(SimpleNamespace(train_data=None, device=None),
+                                            ["a", "b", "c"])
+    assert k == 1 and got == [2.0, 0.5, 1.0]

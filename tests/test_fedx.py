@@ -166,3 +166,50 @@ def test_grey_scale_views_are_seeded_and_distort_intensity():
     assert torch.equal(a, augment(flat)) and a.dtype == torch.uint8 and a.shape == flat.shape
     means = a.float().mean(dim=(1, 2, 3))
     assert (means != 128).float().mean() > 0.5 and means.std() > 5
+
+
+# ------------------------------------------------ found by a mutation review (session 37)
+
+
+def _kl(p, q):
+    return float(np.sum(p * (np.log(p) - np.log(q))))
+
+
+def _softmax(v):
+    e = np.exp(v - v.max())
+    return e / e.sum()
+
+
+def test_official_relational_loss_uses_the_target_temperature():
+    """L1: FedX's official target M is built at tau_target, the predictions at tau."""
+    from flowerbed.losses import relational_loss
+
+    u1, u2 = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.6, 0.8]])
+    tau, tau_t = 1.0, 0.25
+    s1, s2 = np.array([1.0, 0.0]), np.array([0.6, 0.8])  # unit rows against the unit anchors
+    p1, p2 = _softmax(s1 / tau), _softmax(s2 / tau)
+    m = 0.5 * (_softmax(s1 / tau_t) + _softmax(s2 / tau_t))
+    want = 0.5 * (_kl(m, p1) + _kl(m, p2))
+    got = relational_loss(u1, u2, torch.eye(2), tau, tau_t, "official").item()
+    assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_relational_loss_normalises_the_anchors():
+    """L2: similarities are cosines: scaling the anchors changes nothing."""
+    from flowerbed.losses import relational_loss
+
+    u1, u2 = torch.tensor([[1.0, 0.2]]), torch.tensor([[0.3, 1.0]])
+    for form in ("official", "js"):
+        a = relational_loss(u1, u2, torch.eye(2), 0.5, 0.5, form).item()
+        b = relational_loss(u1, u2, 5 * torch.eye(2), 0.5, 0.5, form).item()
+        assert a == pytest.approx(b, rel=1e-6)
+
+
+def test_byol_target_gets_no_gradient():
+    """L4: BYOL's target branch is a stop-gradient."""
+    from flowerbed.losses import byol_loss
+
+    p = torch.tensor([[1.0, 0.5]], requires_grad=True)
+    z = torch.tensor([[0.2, 1.0]], requires_grad=True)
+    byol_loss(p, z).backward()
+    assert p.grad is not None and z.grad is None

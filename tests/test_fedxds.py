@@ -382,3 +382,30 @@ def test_lrp_on_a_resnet_does_not_depend_on_the_batch():
     x, y = torch.randn(5, 3, 32, 32), torch.tensor([0, 1, 2, 3, 4])
     batched, single = (attribute(model, x, y, "lrp", batch_size=b) for b in (5, 1))
     assert (batched - single).abs().max() <= 1e-4 * single.abs().max()
+
+
+# ------------------------------------------------ found by a mutation review (session 37)
+
+
+def test_privatise_clips_before_it_adds_the_noise():
+    """P1/P2: the released sample is clip(mask * x) + N(0, sigma^2): clipping bounds the
+    sensitivity the noise is calibrated for. No clip (P1) or clipping the noisy sample (P2)
+    breaks the (epsilon, delta) claim."""
+    from flowerbed.privacy import clip_l2, privatise, sparsify
+
+    torch.manual_seed(0)
+    x, heat = 50 * torch.randn(4, 1, 8, 8), torch.rand(4, 8, 8)
+    out = privatise(x, heat, sparsity=0.5, mask_kind="binary", clip=1.0, sigma=0.5,
+                    generator=torch.Generator().manual_seed(7))
+    signal = clip_l2(x * sparsify(heat, 0.5, "binary").unsqueeze(1), 1.0)
+    noise = 0.5 * torch.randn(x.shape, generator=torch.Generator().manual_seed(7))
+    assert torch.allclose(out, signal + noise, atol=1e-6)
+
+
+def test_shared_labels_equal_to_the_class_count_are_refused():
+    """P3: label 10 is outside fashion-mnist's 0..9 (off-by-one at the upper bound)."""
+    from flowerbed.strategies.fedxds import check_shared
+
+    up = ArrayRecord({"x": Array(np.zeros((2, 1, 28, 28), np.float16)),
+                      "y": Array(np.array([0, 10], np.int64))})
+    assert "outside 0..9" in check_shared(up, "fashion-mnist")

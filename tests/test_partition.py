@@ -114,3 +114,14 @@ def test_a_split_that_leaves_classes_to_no_client_is_named(caplog):
     caplog.clear()
     warn_unheld(LABELS, partition_indices(LABELS, spec, 10, seed=0), spec)
     assert caplog.text == ""
+
+
+# ------------------------------------------------ found by a mutation review (session 37)
+
+
+def test_a_small_client_still_gets_one_local_test_sample():
+    """R1: test_fraction > 0 gives each part at least one sample (round(5 * 0.05) = 0)."""
+    from flowerbed.datasets.partition import client_split
+
+    tr, te = client_split(np.arange(5), 0.05, seed=0, partition_id=0)
+    assert len(te) == 1 and len(tr) == 4

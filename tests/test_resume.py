@@ -524,3 +524,21 @@ def test_finished_reason_is_the_one_test_of_a_finished_run(tmp_path):
     assert "already finished 3 rounds" in checkpoint.finished_reason(run, 2)
     assert "already finished 3 rounds" in checkpoint.finished_reason(run, 3)
     assert checkpoint.finished_reason(run, 4) is None  # an extension
+
+
+# ------------------------------------------------ found by a mutation review (session 37)
+
+
+def test_mean_accuracy_leaves_out_round_0(tmp_path, monkeypatch):
+    """C2: mean-accuracy averages the trained rounds, not the initial model's round 0."""
+    from inprocess import run_inprocess
+
+    from flowerbed.strategies.base import FlowerbedFedAvg
+
+    accs = {0: 0.9, 1: 0.5, 2: 0.6}
+    monkeypatch.setattr(FlowerbedFedAvg, "evaluate_global", lambda self, rnd, *a: (1.0, accs[rnd]))
+    rc = {"num-server-rounds": 2, "train-samples": 600, "test-samples": 200, "min-clients": 2,
+          "batch-size": 64, "method": "fedavg", "output-dir": str(tmp_path), "run-name": "m",
+          "client-state-dir": str(tmp_path / "cs")}
+    s = run_inprocess(rc, 2)
+    assert s["mean-accuracy"] == pytest.approx(0.55)
