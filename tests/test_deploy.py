@@ -342,9 +342,9 @@ def test_a_superlink_that_never_opens_its_port_is_stopped(tmp_path, monkeypatch)
     fake.chmod(0o755)
     monkeypatch.setattr(engine, "_bin", lambda name: str(fake))
 
-    def never(proc, *a, **k):
-        while not (tmp_path / "pid").exists():
-            pass
+    def never(proc, *a, **k):  # the shell creates the file before it writes the pid into it
+        while not ((tmp_path / "pid").exists() and (tmp_path / "pid").read_text().endswith("\n")):
+            time.sleep(0.01)
         raise engine.SuperLinkTimeout("did not open its port")
 
     monkeypatch.setattr(engine, "wait_superlink", never)
