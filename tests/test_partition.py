@@ -125,3 +125,24 @@ def test_a_small_client_still_gets_one_local_test_sample():
 
     tr, te = client_split(np.arange(5), 0.05, seed=0, partition_id=0)
     assert len(te) == 1 and len(tr) == 4
+
+
+def test_a_stored_split_is_reused_only_by_the_same_splitting_code(tmp_path, monkeypatch):
+    """Stored splits were named by a version number to raise by hand: a change to the splitting
+    code that forgot it would have reused the old code's splits. The name now hashes the code."""
+    from flowerbed.datasets import partition as part
+
+    monkeypatch.setenv("FLOWERBED_CACHE", str(tmp_path))
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return (np.arange(3), np.arange(3, 6))
+
+    key = ("labels", "iid", 2, 0, 1)
+    assert [p.tolist() for p in part._on_disk(key, compute)] == [[0, 1, 2], [3, 4, 5]]
+    part._on_disk(key, compute)
+    assert len(calls) == 1  # stored, then read back
+    monkeypatch.setattr(part, "SPLIT_CODE", "other code")
+    part._on_disk(key, compute)
+    assert len(calls) == 2

@@ -11,6 +11,7 @@ import hashlib
 import logging
 import os
 import zipfile
+from pathlib import Path
 
 import numpy as np
 
@@ -36,7 +37,10 @@ def partition_indices(labels: np.ndarray, partition: Partition, num_partitions: 
 
 
 _CACHE: dict[tuple, tuple[np.ndarray, ...]] = {}
-SPLIT_VERSION = 1  # part of the stored splits' names: raise it whenever _split's result changes
+#: part of the stored splits' names: this module's source, so that a change to the splitting
+#: code never reuses a split the old code stored (a version number to raise by hand was
+#: one edit away from being forgotten)
+SPLIT_CODE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
 
 def _on_disk(key: tuple, compute) -> tuple[np.ndarray, ...]:
@@ -45,11 +49,11 @@ def _on_disk(key: tuple, compute) -> tuple[np.ndarray, ...]:
     Deployed SuperNodes start a new ClientApp process per message; reading the stored split
     spares each one flwr-datasets' import (about 1 s). The file name hashes the labels, the
     partition, the client count, the seed, the minimum size, the flwr-datasets version and
-    :data:`SPLIT_VERSION`, so a stored split is only reused for exactly the same inputs and code.
+    :data:`SPLIT_CODE`, so a stored split is only reused for exactly the same inputs and code.
     """
     from importlib.metadata import version
 
-    name = hashlib.sha256(repr((*key, version("flwr-datasets"), SPLIT_VERSION)).encode()
+    name = hashlib.sha256(repr((*key, version("flwr-datasets"), SPLIT_CODE)).encode()
                           ).hexdigest()[:32]
     path = cache_root() / "partitions" / f"{name}.npz"
     with contextlib.suppress(OSError, ValueError, KeyError, zipfile.BadZipFile):
