@@ -154,16 +154,30 @@ def superlink_down(home: Path | None = None) -> int | None:
 
 
 def stop_group(pid: int, timeout: float = 15.0) -> None:
-    """SIGTERM the process group ``pid`` leads, wait, then SIGKILL whatever of it is left."""
+    """SIGTERM the process group ``pid`` leads and every process below ``pid`` with the groups
+    they lead, wait, then SIGKILL whatever is left. Not the group alone: Flower starts
+    ``flower-superexec`` and ``flwr-simulation`` (with Ray) in groups of their own, which
+    outlived the SuperLink and finished an interrupted run in the background; so the tree is
+    taken while ``pid`` still holds it."""
+    tree = {p: start_time(p) for p in [pid, *descendants(pid)]}  # a pid reused later is not ours
+    groups = {pid} | {int(f[2]) for p in tree if (f := _stat(p))}
+
+    def left() -> bool:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reap the leader if it is our child
+        return any(_alive(p, st) for p, st in tree.items()) or any(map(_group_alive, groups))
+
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        if sig == signal.SIGKILL and not _group_alive(pid):
-            return  # every member left after SIGTERM (children too: they get the same grace)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
+        if sig == signal.SIGKILL and not left():
+            return  # all of it left after SIGTERM (children too: they get the same grace)
+        for target in [p for p, st in tree.items() if _alive(p, st)]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(target, sig)
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
         t0 = time.time()
-        while time.time() - t0 < timeout and _group_alive(pid):
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)  # reap the leader if it is our child
+        while time.time() - t0 < timeout and left():
             time.sleep(0.2)
 
 
@@ -244,17 +258,25 @@ def local_superlink(home: Path | None = None, port: int | None = None,
             shutil.rmtree(home, ignore_errors=True)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children, their children, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        fields = _stat(int(entry.name)) if entry.name.isdigit() else None
+        if fields and fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 def _stop(proc: subprocess.Popen) -> None:
-    """Stop the SuperLink and everything it started (its process group), politely then firmly."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+    """Stop the SuperLink and everything it started (:func:`stop_group`), then reap it."""
+    stop_group(proc.pid)
+    proc.poll()
 
 
 def toml_value(v: Any) -> str:

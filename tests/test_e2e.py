@@ -159,3 +159,36 @@ def test_cli_bad_input_is_one_line(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines()[-1].startswith("flowerbed: error: run-config 'method'")
+
+
+def test_ctrl_c_in_flowerbed_run_stops_the_whole_simulation(tmp_path):
+    """Found by a walk-through of the README: Ctrl-C in `flowerbed run` stopped the SuperLink's
+    process group, but Flower starts flower-superexec and flwr-simulation (with Ray) in groups
+    of their own; they trained on in the background and wrote the interrupted run's summary."""
+    import os
+    import signal
+    from pathlib import Path
+
+    rc = (f"num-server-rounds=50 train-samples=1000 test-samples=200 output-dir='{tmp_path}' "
+          "run-name='r'")
+    proc = subprocess.Popen([sys.executable, "-m", "flowerbed", "run", "--num-clients", "2", "-c", rc],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True,  # as in a terminal, not a background job:
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "[round 1" in line:
+            break
+    else:
+        pytest.fail("".join(lines[-30:]))
+    tree = {p: engine.start_time(p) for p in engine.descendants(proc.pid)}
+    assert len(tree) > 3  # SuperLink, superexec, flwr-simulation, Ray's processes
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130 and "Traceback" not in rest, rest[-3000:]
+    left = [p for p, st in tree.items() if engine._alive(p, st)]
+    names = [Path(f"/proc/{p}/cmdline").read_text(errors="replace")[:100] for p in left
+             if os.path.exists(f"/proc/{p}/cmdline")]
+    assert not left, names
+    assert not (tmp_path / "r" / "summary.json").exists()
