@@ -78,6 +78,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             given = overrides.get(key, saved[key])
             if (given if key == "run-name" else str(Path(given).expanduser().resolve())) != saved[key]:
                 raise ConfigError(key, given, f"a resumed run stays where it is ({saved['resume']})")
+        from flowerbed.checkpoint import RESUMABLE_CHANGES
+
+        changed = [f"{k}: {saved[k]!r} -> {v!r}" for k, v in overrides.items()
+                   if k in saved and k not in RESUMABLE_CHANGES and v != saved[k]]
+        if changed:  # the ServerApp refuses them too, but only after the engine has started
+            raise ConfigError("--resume", args.resume, f"a resumed run keeps its config; this "
+                              f"changes {', '.join(changed[:5])} (only "
+                              f"{', '.join(sorted(RESUMABLE_CHANGES - {'resume'}))} may change); "
+                              "start a new run for other settings")
         overrides = {**saved, **overrides}
         if args.num_clients is not None and n and args.num_clients != n:
             raise ConfigError("--num-clients", args.num_clients, f"the run in {args.resume} has "
@@ -85,8 +94,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         args.num_clients = n or args.num_clients
     args.num_clients = 10 if args.num_clients is None else args.num_clients
     cfg = preflight(overrides, args.num_clients, args.gpus_per_client)
-    place_run(overrides, cfg)
     fed = engine.federation_config(args.num_clients, args.cpus_per_client, args.gpus_per_client)
+    place_run(overrides, cfg)  # last: it makes the run's folder
     with engine.local_superlink() as (home, conn):
         summary = engine.flwr_run(home, conn, overrides, fed)
     print(json.dumps(summary, indent=2))
@@ -159,7 +168,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         variant = parse_variant(m)[1]
         for s in seeds or [variant.get("seed", overrides["seed"])]:
             preflight({**overrides, **variant, "seed": s}, args.num_clients, args.gpus_per_client)
-    out = Path(args.out) if args.out else default_out()
+    from flowerbed.engine import federation_config
+
+    federation_config(args.num_clients, args.cpus_per_client, args.gpus_per_client)  # refused
+    out = Path(args.out) if args.out else default_out()  # here, before a folder is made
     kw = {"num_clients": args.num_clients, "cpus_per_client": args.cpus_per_client,
           "gpus_per_client": args.gpus_per_client, "out": out, "resume": args.resume}
     table = compare_seeds(methods, overrides, seeds, **kw) if seeds else compare(methods, overrides, **kw)
@@ -187,6 +199,7 @@ def cmd_partitions(args: argparse.Namespace) -> int:
     for i, row in enumerate(hist):
         print(f"{i:>6} " + "".join(f"{v:>{width}}" for v in row) + f"{row.sum():>8}")
     out = Path(args.out or f"partitions-{cfg.dataset}-{str(cfg.partition).replace(':', '')}.png")
+    out.parent.mkdir(parents=True, exist_ok=True)
     plot_histogram(train.y.numpy(), parts, out, f"{cfg.dataset} {cfg.partition} (seed {cfg.seed})")
     print(f"plot: {out.resolve()}")
     return 0
@@ -400,7 +413,9 @@ def main(argv: list[str] | None = None) -> int:
         from flowerbed.deploy import DeployError
         from flowerbed.engine import EngineError
 
-        if isinstance(e, DataError | EngineError | DeployError):
+        # OSError: a path given that cannot be used (a file where a folder must be, no such
+        # folder, no permission): its message names the path
+        if isinstance(e, DataError | EngineError | DeployError | OSError):
             print(f"flowerbed: error: {e}", file=sys.stderr)
             return 1
         raise

@@ -77,7 +77,7 @@ def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
     check_labels(methods)
     out = (out or default_out()).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    keep_earlier_tables(out, resume)
+    keep_earlier_tables(out, resume, methods)
     fed = engine.federation_config(num_clients, cpus_per_client, gpus_per_client)
     plan = {}
     for m in methods:
@@ -118,18 +118,31 @@ def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
 def set_aside(path: Path) -> Path:
     """Rename ``path`` to ``<name>.old-<time>[-n]<suffix>`` next to it; returns the new path."""
     stamp, n = time.strftime("%Y%m%d-%H%M%S"), 1
-    while (aside := path.with_name(f"{path.stem}.old-{stamp}" + (f"-{n}" if n > 1 else "")
-                                   + path.suffix)).exists():
+    # a run folder's name may hold a dot (fedavg_lr_0.05): only a file's suffix is kept last
+    stem, suffix = (path.name, "") if path.is_dir() else (path.stem, path.suffix)
+    while (aside := path.with_name(f"{stem}.old-{stamp}" + (f"-{n}" if n > 1 else "")
+                                   + suffix)).exists():
         n += 1
     return path.rename(aside)
 
 
-def keep_earlier_tables(out: Path, resume: bool) -> None:
-    """A fresh comparison into a folder that holds an earlier one's tables sets them aside."""
-    if not resume:
-        for f in ("results.json", "table.md", "accuracy.png"):
-            if (out / f).exists():
-                log.warning("compare: the earlier %s was moved to %s", f, set_aside(out / f))
+def keep_earlier_tables(out: Path, resume: bool, methods: list[str]) -> None:
+    """A comparison into a folder that holds an earlier one's tables sets them aside: a fresh
+    one always, a resumed one where they hold methods it does not run (its tables would drop
+    their rows; the runs themselves stay where they are)."""
+    if resume:
+        try:
+            earlier = json.loads((out / "results.json").read_text())
+            earlier = set(earlier.get("summary", earlier) if isinstance(earlier, dict) else ())
+        except (OSError, ValueError):
+            earlier = set()
+        if not earlier - set(methods):
+            return
+        log.warning("compare: the earlier tables also hold %s, which this comparison does not run",
+                    ", ".join(sorted(earlier - set(methods))))
+    for f in ("results.json", "table.md", "accuracy.png"):
+        if (out / f).exists():
+            log.warning("compare: the earlier %s was moved to %s", f, set_aside(out / f))
 
 
 def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
@@ -239,7 +252,7 @@ def compare_seeds(methods: list[str], overrides: dict[str, Any], seeds: list[int
     check_labels(methods, seeds)
     out = (out or default_out()).resolve()
     if out.is_dir():
-        keep_earlier_tables(out, resume)
+        keep_earlier_tables(out, resume, methods)
     if resume:  # every seed's earlier runs checked before anything runs
         for s in seeds:
             for m in methods:

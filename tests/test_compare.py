@@ -132,6 +132,19 @@ def test_resume_refuses_to_move_the_run(tmp_path, capsys):
     assert "a resumed run stays where it is" in capsys.readouterr().err
 
 
+def test_resume_refuses_another_config_before_starting_anything(tmp_path, capsys):
+    """Found by a README walk-through: `run --resume <dir> -c lr=0.1` started the engine and
+    ended 22 s later in a traceback whose hint was to use `run --resume`, which it had."""
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"method": "fedavg", "num-partitions": 3,
+                                                 "lr": 0.01, "num-server-rounds": 2}))
+    assert cli.main(["run", "--resume", str(run), "-c", "lr=0.1 num-server-rounds=4"]) == 2
+    err = capsys.readouterr().err
+    assert "keeps its config; this changes lr: 0.01 -> 0.1" in err and "num-server-rounds" in err
+    assert "Traceback" not in err
+
+
 def test_deploy_up_starts_one_supernode_per_exported_folder(tmp_path, capsys):
     """Regression: `deploy up --data-dirs` used its default of 2 SuperNodes whatever the folder
     held, so a 3-client export trained on 2 of its parts without a word."""
@@ -187,6 +200,28 @@ def test_compare_resume_keeps_finished_and_resumes_stopped(tmp_path, fake_engine
     assert calls["scaffold"] is None
     assert list(tmp_path.glob("scaffold.old-*"))
     assert [f.read_text() for f in tmp_path.glob("table.old-*.md")] == [tables]  # and its table
+
+
+def test_a_resumed_comparison_of_fewer_methods_keeps_the_earlier_tables(tmp_path, fake_engine):
+    """Found by a README walk-through: `compare --resume` with fewer methods rewrote table.md,
+    results.json and accuracy.png with only those, and the other rows were gone. And a run
+    folder with a dot in its name was set aside as 'fedavg_lr_0.old-<time>.05'."""
+    def fake_run(home, conn, rc, fed, **kw):
+        (tmp_path / rc["run-name"]).mkdir(exist_ok=True)
+        (tmp_path / rc["run-name"] / "metrics.jsonl").write_text('{"round": 0}\n')
+        return {"final-accuracy": 0.6}
+
+    fake_engine(fake_run)
+    cmp.compare(["fedavg", "fedavg@lr=0.05"], {"seed": 0}, 2, out=tmp_path)
+    tables = (tmp_path / "table.md").read_text()
+    cmp.compare(["fedavg"], {"seed": 0}, 2, out=tmp_path, resume=True)
+    assert [f.read_text() for f in tmp_path.glob("table.old-*.md")] == [tables]
+    cmp.compare(["fedavg"], {"seed": 0}, 2, out=tmp_path, resume=True)  # same methods: in place
+    assert len(list(tmp_path.glob("table.old-*.md"))) == 1
+    cmp.compare(["fedavg@lr=0.05"], {"seed": 0}, 2, out=tmp_path)  # fresh: moved aside
+    label = cmp.run_label("fedavg@lr=0.05")
+    assert [p.name.startswith(f"{label}.old-") and p.name[-2:].isdigit()
+            for p in tmp_path.glob(f"{label}.old-*")] == [True]
 
 
 def test_tables_put_every_method_on_the_clients_test_splits_too():
@@ -352,3 +387,26 @@ def test_plain_flwr_runs_without_a_name_get_distinct_folders(tmp_path):
     a, b = default_run_name(cfg), default_run_name(cfg)
     assert a != b and a.startswith("fedavg-fashion-mnist-dirichlet0.5-s0-")
     assert (tmp_path / a).is_dir() and (tmp_path / b).is_dir()
+
+
+def test_unusable_paths_are_one_line_and_a_plot_gets_its_folder(tmp_path, capsys):
+    """Found by a README walk-through: output-dir naming a file ended in NotADirectoryError's
+    traceback, and `partitions --out` into a folder not there yet in FileNotFoundError's."""
+    (tmp_path / "afile").write_text("")
+    assert cli.main(["run", "-c", f"output-dir='{tmp_path / 'afile'}'"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("flowerbed: error:") and "afile" in err and "Traceback" not in err
+    out = tmp_path / "new" / "folder" / "p.png"
+    assert cli.main(["partitions", "--num-clients", "3", "--out", str(out), "-c",
+                     "train-samples=600"]) == 0
+    assert out.is_file()
+
+
+def test_a_refused_run_or_comparison_makes_no_folder(tmp_path, capsys, monkeypatch):
+    """Found by a README walk-through: `run --cpus-per-client 0` was refused after its run
+    folder was made, and `compare --cpus-per-client 0` after its comparison folder."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "--cpus-per-client", "0", "-c", f"output-dir='{tmp_path}/runs'"]) == 2
+    assert cli.main(["compare", "--methods", "fedavg", "--cpus-per-client", "0"]) == 2
+    assert "--cpus-per-client" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
