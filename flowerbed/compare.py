@@ -29,6 +29,11 @@ def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
     return spec, {"method": method.strip(), **extra}
 
 
+def _rounds(overrides: dict[str, Any]) -> str:
+    n = overrides.get("num-server-rounds")
+    return f"{n} round{'' if n == 1 else 's'}"
+
+
 def run_label(spec: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in spec.replace("'", ""))
 
@@ -38,8 +43,12 @@ def check_labels(methods: list[str], seeds: list[int] | None = None) -> None:
     comparison over ``seeds`` (each seed would rerun its one seed)."""
     from flowerbed.config import ConfigError
 
+    if not methods:
+        raise ConfigError("--methods", "", "name at least one method, e.g. --methods fedavg,fedprox")
     seen: dict[str, str] = {}
     for m in methods:
+        if any(not part.strip() for part in m.split("@")):
+            raise ConfigError("--methods", m, "an empty part between '@'s; write method@key=value")
         if seeds and "seed" in parse_variant(m)[1]:
             raise ConfigError("--methods", m, "a method@seed=... variant cannot be compared over "
                               "--seeds (every seed would run its one seed)")
@@ -236,7 +245,7 @@ def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any]
     rows = [[m, *(["failed", *["-"] * (len(cols) - 1)] if "error" in s
                   else [cell(s) for _, cell in cols])] for m, s in results.items()]
     lines = [f"Same partitions and seed for every method: {_title(overrides, n)}, "
-             f"{overrides.get('num-server-rounds')} rounds.", "",
+             f"{_rounds(overrides)}.", "",
              *md_table(["method", *(h for h, _ in cols)], rows), *exceptions(results),
              *skipped_rounds(results)]
     return "\n".join(lines + (["", ACC_NOTE] if client else []))
@@ -322,7 +331,7 @@ def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n
         ("failed seeds", lambda st: ", ".join(map(str, st["seeds-failed"])) or "-")]
     title = _title(overrides, n).rsplit(",", 1)[0]
     lines = [f"Same partitions and seed for every method within a seed: {title}, "
-             f"{overrides.get('num-server-rounds')} rounds, seeds {', '.join(map(str, seeds))} "
+             f"{_rounds(overrides)}, seeds {', '.join(map(str, seeds))} "
              "(mean ± sample std over seeds).", "",
              *md_table(["method", *(h for h, _ in cols)],
                        [[m, *(cell(st) for _, cell in cols)] for m, st in summary.items()]),

@@ -8,6 +8,7 @@ code outside ``flwr run`` (tests, benchmarks, the launcher) sees the same defaul
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import re
@@ -219,7 +220,10 @@ class Config:
         known = {f.name.replace("_", "-") for f in fields(cls)}
         unknown = sorted(set(merged) - known)
         if unknown:
-            raise ConfigError(unknown[0], merged[unknown[0]], f"unknown key; known keys: {sorted(known)}")
+            near = difflib.get_close_matches(unknown[0], known, n=3)
+            hint = (f"did you mean {' or '.join(near)}?" if near else
+                    "every key and its default: pyproject.toml, [tool.flwr.app.config]")
+            raise ConfigError(unknown[0], merged[unknown[0]], f"unknown key; {hint}")
         values: dict[str, Any] = {}
         for f in fields(cls):
             key = f.name.replace("_", "-")
@@ -234,7 +238,9 @@ class Config:
         from flowerbed.registry import METHODS  # late import: registry imports strategies
 
         if self.method not in METHODS:
-            raise ConfigError("method", self.method, f"known methods: {', '.join(sorted(METHODS))}")
+            near = difflib.get_close_matches(str(self.method).lower(), METHODS, n=1)
+            raise ConfigError("method", self.method, (f"did you mean {near[0]}? " if near else "")
+                              + f"known methods: {', '.join(sorted(METHODS))}")
         if self.dataset not in DATASETS:
             raise ConfigError("dataset", self.dataset, f"known data sets: {', '.join(DATASETS)}")
         if self.model not in MODELS:

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -333,12 +334,12 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
     cmd = [_bin("flwr"), "run", str(app_dir), connection, "--stream", "--run-config", rc]
     if federation:  # simulation only; a deployment's SuperNodes are real processes
         cmd += ["--federation-config", " ".join(f"{k}={toml_value(v)}" for k, v in federation.items())]
-    log.info("$ %s", " ".join(cmd))
+    log.info("$ %s", shlex.join(cmd))  # quoted: it can be pasted into a shell
     sink = open(log_file, "a") if log_file else None  # noqa: SIM115 - earlier attempts' logs kept
     tail: collections.deque[str] = collections.deque(maxlen=300)  # for the failure's reason
     try:
         if sink:
-            sink.write(f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
+            sink.write(f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n")
             sink.flush()
         out = sink or (None if quiet else sys.stdout)
         with subprocess.Popen(cmd, env=flwr_env(home), cwd=PROJECT, stdout=subprocess.PIPE,

@@ -118,3 +118,23 @@ def test_client_resources_are_checked_before_ray_starts(cpus, gpus, flag):
 
     with pytest.raises(ConfigError, match=f"'{flag}'"):
         federation_config(2, cpus, gpus)
+
+
+def test_typos_get_a_did_you_mean():
+    """Found by a README walk-through: an unknown key listed all ~100 keys on one line, and a
+    method's typo got the list of methods only."""
+    with pytest.raises(ConfigError, match="unknown key; did you mean lr\\?"):
+        Config.from_run_config({"lrr": 0.1})
+    with pytest.raises(ConfigError, match="did you mean fedavg\\? known methods"):
+        Config.from_run_config({"method": "fedavgg"})
+    with pytest.raises(ConfigError, match="did you mean fedavg\\?"):
+        Config.from_run_config({"method": "FedAvg"})
+
+
+def test_empty_method_lists_and_parts_are_refused():
+    from flowerbed.compare import check_labels
+
+    with pytest.raises(ConfigError, match="at least one method"):
+        check_labels([])
+    with pytest.raises(ConfigError, match="empty part"):
+        check_labels(["fedavg@lr=0.1@"])

@@ -444,8 +444,9 @@ class FlowerbedFedAvg(FedAvg):
         if is_train:
             self.round.ok = [pid for pid, _ in valid]
             if len(valid) < self.cfg.min_clients:
-                log.warning("round: only %d valid training replies (< min-clients=%d); the model "
-                            "is kept unchanged this round", len(valid), self.cfg.min_clients)
+                log.warning("round %s: only %d valid training replies (< min-clients=%d); the "
+                            "model is kept unchanged this round", getattr(self, "round_asked", "?"),
+                            len(valid), self.cfg.min_clients)
                 self.round.skipped = True
                 return [], rejected
         return [r for _, r in valid], rejected
