@@ -185,13 +185,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_partitions(args: argparse.Namespace) -> int:
     from flowerbed.datasets.federated import client_partitions, train_set
-    from flowerbed.datasets.partition import label_histogram, plot_histogram
+    from flowerbed.datasets.partition import label_histogram, plot_histogram, warn_unheld
 
     given = {"dataset": args.dataset, "partition": args.partition, "seed": args.seed,
              "data-root": args.data_root, "min-partition-size": args.min_partition_size}
     cfg = Config.from_run_config({**_overrides(args), **{k: v for k, v in given.items() if v is not None}})
     train = train_set(cfg)
     parts = client_partitions(cfg, args.num_clients)
+    warn_unheld(train.y.numpy(), parts, cfg.partition)  # as the server does
     hist = label_histogram(train.y.numpy(), parts, train.num_classes)
     width = max(6, len(str(hist.max())) + 1)
     print(f"{cfg.dataset} {cfg.partition} seed={cfg.seed}: {args.num_clients} clients")

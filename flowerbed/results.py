@@ -164,6 +164,12 @@ def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
             *("| " + " | ".join(r) + " |" for r in rows)]
 
 
+def size(n: float | None) -> str:
+    """Bytes as a short figure: kB below a megabyte (FedCC's probabilities showed as 0.0 MB)."""
+    n = n or 0
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
+
+
 def progress_line(row: dict[str, Any]) -> str:
     def f(key: str, fmt: str) -> str:
         v = row.get(key)
@@ -176,7 +182,7 @@ def progress_line(row: dict[str, Any]) -> str:
             f"acc {f('accuracy', '.4f')} loss {f('loss', '.4f')} | "
             f"train-loss {f('train-loss', '.4f')} client-acc {f('client-accuracy', '.4f')} | "
             f"clients ok {row.get('clients-ok', 0)}/{row.get('clients-sampled', 0)} | "
-            f"up {row.get('bytes-up', 0) / 1e6:.1f} MB down {row.get('bytes-down', 0) / 1e6:.1f} MB"
+            f"up {size(row.get('bytes-up', 0))} down {size(row.get('bytes-down', 0))}"
             f" | {f('seconds', '.1f')} s")
 
 

@@ -410,3 +410,11 @@ def test_a_refused_run_or_comparison_makes_no_folder(tmp_path, capsys, monkeypat
     assert cli.main(["compare", "--methods", "fedavg", "--cpus-per-client", "0"]) == 2
     assert "--cpus-per-client" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_progress_line_shows_small_traffic_in_kb():
+    """FedCC/FedDF/FedMD's probability vectors showed as 'up 0.0 MB down 0.0 MB'."""
+    from flowerbed.results import progress_line
+
+    line = progress_line({"round": 1, "bytes-up": 44_000, "bytes-down": 6_650_000})
+    assert "up 44.0 kB down 6.7 MB" in line

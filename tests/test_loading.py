@@ -131,3 +131,19 @@ def test_missing_files_say_where_we_looked(tmp_path, monkeypatch):
         load_dataset("cifar10", train=True, data_root=str(tmp_path))
     with pytest.raises(DataError, match="no IDX files"):
         load_dataset("mnist", train=True, data_root=str(tmp_path / "empty"))
+
+
+def test_offline_mnist_is_one_line_with_advice_and_a_missing_root_is_said(tmp_path, monkeypatch,
+                                                                         caplog):
+    """Found by a README walk-through: offline, dataset='mnist' ended in urllib's multi-line
+    error with no advice; a data-root that does not exist fell back without a word."""
+    import torchvision.datasets as tvd
+
+    def offline(*a, **k):
+        raise OSError("Error downloading train-images-idx3-ubyte.gz:\nTried https://...\nfailed")
+
+    monkeypatch.setattr(tvd, "MNIST", offline)
+    with pytest.raises(DataError) as e:
+        load_dataset("mnist", train=True, data_root=str(tmp_path / "nowhere"))
+    assert "\n" not in str(e.value) and "set data-root to a folder holding its IDX" in str(e.value)
+    assert "does not exist" in caplog.text

@@ -198,7 +198,9 @@ def _torchvision_download(cls_name: str, root: Path, **kwargs) -> object:
         root.mkdir(parents=True, exist_ok=True)
         return getattr(tvd, cls_name)(root=str(root), download=True, **kwargs)
     except Exception as e:  # noqa: BLE001 - network errors come in many types
-        raise DataError(f"download of {cls_name} into {root} failed ({type(e).__name__}: {e})") from e
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise DataError(f"download of {cls_name} into {root} failed ({type(e).__name__}: {first})"
+                        ) from e
 
 
 def _load_fashion_mnist(name: str, train: bool, root: Path | None):
@@ -212,6 +214,9 @@ def _load_mnist(name: str, train: bool, root: Path | None):
 def _load_mnist_like(name, train, root, tv_name, extra):
     base = root or DEFAULT_ROOT
     folders = [base / tv_name, base, *extra]  # the data set's own torchvision folder first
+    if root and not root.is_dir():
+        log.warning("data-root %s does not exist; looking in %s", root,
+                    ", ".join(str(f) for f in folders[2:]) or "nowhere else")
     found = _load_idx_pair(name, train, folders)
     if found:
         return found
@@ -220,7 +225,9 @@ def _load_mnist_like(name, train, root, tv_name, extra):
     try:
         ds = _torchvision_download(tv_name, base, train=train)
     except DataError as e:
-        hint = " (on Debian: apt-get install dataset-fashion-mnist)" if name == "fashion-mnist" else ""
+        hint = (" (on Debian: apt-get install dataset-fashion-mnist)" if name == "fashion-mnist"
+                else "; set data-root to a folder holding its IDX files (train-images-idx3-ubyte"
+                     "[.gz] and the like)")
         raise DataError(f"{name}: no IDX files in {where}{hint}, and {e}") from None
     return ds.data, ds.targets
 
