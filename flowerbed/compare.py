@@ -200,7 +200,9 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
 CLIENT_ACC = "final-client-accuracy"
 ACC_NOTE = ("final acc: the server's measure (the test set; the linear probe for self-supervised "
             "methods; personalised accuracy for fedfew, ifca, fedrep, local, fedavg-ft). client "
-            "acc: every method on the clients' local test splits (personalised accuracy).")
+            "acc: every method on the clients' local test splits, with the model each client "
+            "uses (the global model for fedavg and the like, its own for the personalised "
+            "methods).")
 
 
 def _title(overrides: dict[str, Any], n: int) -> str:

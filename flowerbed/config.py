@@ -328,8 +328,10 @@ class Config:
         if self.fedade_fixed_lr < 0:
             raise ConfigError("fedade-fixed-lr", self.fedade_fixed_lr, "must be >= 0")
         if self.method == "fedade" and self.num_server_rounds % self.fedade_rounds_per_step:
-            raise ConfigError("num-server-rounds", self.num_server_rounds,
-                              f"must be a multiple of fedade-rounds-per-step ({self.fedade_rounds_per_step})")
+            k, r = self.fedade_rounds_per_step, self.num_server_rounds
+            near = sorted({max(k, r // k * k), (r // k + 1) * k})
+            raise ConfigError("num-server-rounds", r, f"must be a multiple of fedade-rounds-per-step "
+                              f"({k}), e.g. {' or '.join(map(str, near))}")
         if self.seed < 0:  # numpy's SeedSequence takes non-negative integers only
             raise ConfigError("seed", self.seed, "must be >= 0")
         if not 0 <= self.fault_fraction <= 1:

@@ -138,3 +138,9 @@ def test_empty_method_lists_and_parts_are_refused():
         check_labels([])
     with pytest.raises(ConfigError, match="empty part"):
         check_labels(["fedavg@lr=0.1@"])
+
+
+def test_fedade_rounds_not_a_multiple_of_the_step_name_the_nearest():
+    with pytest.raises(ConfigError, match="multiple of fedade-rounds-per-step \\(2\\), e.g. 4 or 6"):
+        Config.from_run_config({"method": "fedade", "num-server-rounds": 5,
+                                "fedade-rounds-per-step": 2})
