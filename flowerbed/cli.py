@@ -24,10 +24,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _federation_args(p: argparse.ArgumentParser) -> None:
+def _federation_args(p: argparse.ArgumentParser, resumable: bool = False) -> None:
     p.add_argument("--num-clients", type=int, default=None,
-                   help="simulated SuperNodes, one partition each (default 10; with run "
-                        "--resume, the run's own)")
+                   help="simulated SuperNodes, one partition each (default 10"
+                        + ("; with --resume, the run's own)" if resumable else ")"))
     p.add_argument("--cpus-per-client", type=float, default=1.0,
                    help="Ray CPUs per client; clients in parallel = CPUs / this (default 1)")
     p.add_argument("--gpus-per-client", type=float, default=0.0,
@@ -294,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("run", help="one simulation through a local SuperLink and `flwr run`")
-    _federation_args(r)
+    _federation_args(r, resumable=True)
     r.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help="continue the run in RUN_DIR from its last complete round (its config and "
                         "client count are reused; -c num-server-rounds=N extends it)")
@@ -320,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     u = sub.add_parser("superlink", help="start/stop a background SuperLink for plain `flwr run .`")
     u.add_argument("action", choices=["up", "down"])
-    u.add_argument("--port", type=int, default=39191)
+    u.add_argument("--port", type=int, default=39191, help="SuperLink port (default 39191)")
     u.set_defaults(fn=cmd_superlink)
 
     d = sub.add_parser("deploy", help="Flower's deployment engine: SuperLink + SuperNodes as processes")
@@ -356,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("partitions", help="print and plot the per-client label histogram")
     s.add_argument("--dataset", default=None, help="default: the preset's or -c's, else fashion-mnist")
     s.add_argument("--partition", default=None, help="default: the preset's or -c's, else dirichlet:0.5")
-    s.add_argument("--num-clients", type=int, default=10)
+    s.add_argument("--num-clients", type=int, default=10, help="clients to split among (default 10)")
     s.add_argument("--seed", type=int, default=None, help="default: the preset's or -c's, else 0")
     s.add_argument("--data-root", default=None)
     s.add_argument("--min-partition-size", type=int, default=None)
