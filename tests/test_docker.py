@@ -143,3 +143,12 @@ def test_named_volumes_are_handed_to_the_containers_user_first(files):
             "condition") == "service_completed_successfully", (name, deps)
     ports = [str(p.get("host_ip", "") if isinstance(p, dict) else p) for p in services["superlink"]["ports"]]
     assert all(p.startswith("127.0.0.1") for p in ports), ports  # not open to the network
+
+
+def test_dockerfile_installs_the_torch_that_make_install_pins():
+    """The image installed whatever torch was newest, the Makefile pins one."""
+    pins = dict(re.findall(r"(torch|torchvision)==([\w.]+)", (PROJECT / "Makefile").read_text()))
+    text = (DOCKER / "Dockerfile").read_text()
+    assert f"ARG TORCH_VERSION={pins['torch']}" in text
+    assert f"ARG TORCHVISION_VERSION={pins['torchvision']}" in text
+    assert "torch==${TORCH_VERSION} torchvision==${TORCHVISION_VERSION}" in text
