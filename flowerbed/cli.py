@@ -80,8 +80,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 raise ConfigError(key, given, f"a resumed run stays where it is ({saved['resume']})")
         from flowerbed.checkpoint import RESUMABLE_CHANGES
 
-        changed = [f"{k}: {saved[k]!r} -> {v!r}" for k, v in overrides.items()
-                   if k in saved and k not in RESUMABLE_CHANGES and v != saved[k]]
+        before = Config.from_run_config(saved).to_run_config()  # both normalised, as the
+        after = Config.from_run_config({**saved, **overrides}).to_run_config()  # ServerApp does
+        changed = [f"{k}: {before[k]!r} -> {after[k]!r}" for k in overrides
+                   if k in before and k not in RESUMABLE_CHANGES and after[k] != before[k]]
         if changed:  # the ServerApp refuses them too, but only after the engine has started
             raise ConfigError("--resume", args.resume, f"a resumed run keeps its config; this "
                               f"changes {', '.join(changed[:5])} (only "
@@ -108,7 +110,7 @@ def place_run(overrides: dict[str, Any], cfg: Config, kind: str = "") -> None:
     lands); then the refusals the ServerApp would make there, before anything starts."""
     from flowerbed.results import new_folder
 
-    overrides["output-dir"] = str(Path(cfg.output_dir).resolve())
+    overrides["output-dir"] = str(Path(cfg.output_dir).expanduser().resolve())
     if not overrides.get("run-name"):
         stem = "-".join([cfg.method, *([kind] if kind else [])])
         overrides["run-name"] = new_folder(Path(overrides["output-dir"]), stem).name
@@ -335,8 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address SuperNodes and flwr use to reach the SuperLink (default 127.0.0.1)")
     d.add_argument("--port", type=int, default=8000, help="SuperLink port (default 8000)")
     d.add_argument("--host-bind", default=None,
-                   help="interface the SuperLink listens on (default 127.0.0.1 where --address "
-                        "is this machine's loopback, else 0.0.0.0: all interfaces)")
+                   help="interface the SuperLink listens on (default: the --address itself "
+                        "where it is a loopback address, else all interfaces, 0.0.0.0 or :: for "
+                        "an IPv6 address)")
     d.add_argument("--host", action="append", default=[],
                    help="extra name/IP for the SuperLink's TLS certificate (repeatable)")
     d.add_argument("--insecure", action="store_true", help="no TLS (plain HTTP); only when asked")
@@ -386,10 +389,15 @@ def signals_interrupt():
         yield
         return
 
+    watched = [s for s in (signal.SIGTERM, signal.SIGHUP)  # nohup's ignored SIGHUP stays so
+               if signal.getsignal(s) is not signal.SIG_IGN]
+
     def interrupt(signum, frame):
+        for s in watched:  # a second one (a hangup often comes twice) must not cut the clean-up
+            signal.signal(s, signal.SIG_IGN)
         raise Terminated(signum)
 
-    old = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    old = {s: signal.signal(s, interrupt) for s in watched}
     try:
         yield
     finally:

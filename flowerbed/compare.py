@@ -86,12 +86,12 @@ def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
     check_labels(methods)
     out = (out or default_out()).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    keep_earlier_tables(out, resume, methods)
     fed = engine.federation_config(num_clients, cpus_per_client, gpus_per_client)
     plan = {}
     for m in methods:
         rc = {**overrides, **parse_variant(m)[1], "output-dir": str(out), "run-name": run_label(m)}
         plan[m] = (rc, earlier_run(out / run_label(m), rc, num_clients) if resume else "fresh")
+    keep_earlier_tables(out, resume, methods)  # once the plan stands: a refusal moves nothing
     results: dict[str, dict[str, Any]] = {}
     nothing_to_run = all(action == "keep" for _, action in plan.values())
     with (contextlib.nullcontext((None, None)) if nothing_to_run  # no SuperLink to start
@@ -135,20 +135,24 @@ def set_aside(path: Path) -> Path:
     return path.rename(aside)
 
 
-def keep_earlier_tables(out: Path, resume: bool, methods: list[str]) -> None:
+def keep_earlier_tables(out: Path, resume: bool, methods: list[str],
+                        seeds: list[int] | None = None) -> None:
     """A comparison into a folder that holds an earlier one's tables sets them aside: a fresh
-    one always, a resumed one where they hold methods it does not run (its tables would drop
-    their rows; the runs themselves stay where they are)."""
+    one always, a resumed one where they hold methods or seeds it does not run (its tables
+    would drop their rows; the runs themselves stay where they are)."""
     if resume:
         try:
             earlier = json.loads((out / "results.json").read_text())
-            earlier = set(earlier.get("summary", earlier) if isinstance(earlier, dict) else ())
         except (OSError, ValueError):
-            earlier = set()
-        if not earlier - set(methods):
+            earlier = {}
+        earlier = earlier if isinstance(earlier, dict) else {}
+        extra = sorted(set(earlier.get("summary", earlier) if "seeds" in earlier else earlier)
+                       - set(methods))
+        extra += [f"seed {s}" for s in sorted(set(earlier.get("seeds", [])) - set(seeds or []))]
+        if not extra:
             return
         log.warning("compare: the earlier tables also hold %s, which this comparison does not run",
-                    ", ".join(sorted(earlier - set(methods))))
+                    ", ".join(map(str, extra)))
     for f in ("results.json", "table.md", "accuracy.png"):
         if (out / f).exists():
             log.warning("compare: the earlier %s was moved to %s", f, set_aside(out / f))
@@ -262,13 +266,13 @@ def compare_seeds(methods: list[str], overrides: dict[str, Any], seeds: list[int
     curves). Returns the markdown table of means."""
     check_labels(methods, seeds)
     out = (out or default_out()).resolve()
-    if out.is_dir():
-        keep_earlier_tables(out, resume, methods)
     if resume:  # every seed's earlier runs checked before anything runs
         for s in seeds:
             for m in methods:
                 rc = {**overrides, **parse_variant(m)[1], "seed": s}
                 earlier_run(out / f"seed-{s}" / run_label(m), rc, num_clients)
+    if out.is_dir():
+        keep_earlier_tables(out, resume, methods, seeds)
     per_seed: dict[int, dict[str, dict[str, Any]]] = {}
     for s in seeds:
         log.info("compare: seed %d (%d of %d)", s, len(per_seed) + 1, len(seeds))

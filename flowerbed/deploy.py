@@ -215,10 +215,12 @@ def bind_for(address: str) -> str:
 
     host = address.strip("[]")
     try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
-    return ("::1" if ":" in host else "127.0.0.1") if loopback else "0.0.0.0"
+        ip = ipaddress.ip_address(host)
+    except ValueError:  # a name: all IPv4 interfaces (localhost: the loopback)
+        return "127.0.0.1" if host == "localhost" else "0.0.0.0"
+    if ip.is_loopback:
+        return host  # 127.0.1.1 listens there, not on 127.0.0.1
+    return "::" if ip.version == 6 else "0.0.0.0"
 
 
 def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
@@ -256,7 +258,7 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
         raise DeployError(f"the SuperLink certificate {dep.certs / certs.SERVER_CERT} expired on "
                           f"{end:%Y-%m-%d}; make new ones with `flowerbed deploy certs --force --home "
                           f"{dep.home}` (then give the SuperNodes the new ca.crt)")
-    probe = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    probe = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
     if port_open(probe, port) or (sl_host != probe and port_open(sl_host, port)):
         # the other process's listener would answer for ours, and our SuperNodes join its federation
         raise DeployError(f"port {port} is in use on {probe} (another SuperLink or deployment?); "

@@ -159,9 +159,19 @@ def stop_group(pid: int, timeout: float = 15.0) -> None:
     they lead, wait, then SIGKILL whatever is left. Not the group alone: Flower starts
     ``flower-superexec`` and ``flwr-simulation`` (with Ray) in groups of their own, which
     outlived the SuperLink and finished an interrupted run in the background; so the tree is
-    taken while ``pid`` still holds it."""
-    tree = {p: start_time(p) for p in [pid, *descendants(pid)]}  # a pid reused later is not ours
-    groups = {pid} | {int(f[2]) for p in tree if (f := _stat(p))}
+    taken while ``pid`` still holds it, and taken again while stopping (a process started in
+    between). Only groups led by a process of the tree are signalled (or ``pid``'s, when its
+    leader has died), never this process's own."""
+    tree: dict[int, int | None] = {}
+    groups: set[int] = set() if _alive(pid) else {pid}  # a group whose leader died goes on
+
+    def collect() -> None:
+        for p in [pid, *descendants(pid), *(d for q in list(tree) if _alive(q, tree[q])
+                                            for d in descendants(q))]:
+            if p not in tree and (st := start_time(p)) is not None:
+                tree[p] = st  # with its start: a pid reused later is not ours
+        groups.update(int(f[2]) for p in tree if (f := _stat(p)) and int(f[2]) in tree)
+        groups.discard(os.getpgrp())
 
     def left() -> bool:
         with contextlib.suppress(ChildProcessError):
@@ -169,17 +179,23 @@ def stop_group(pid: int, timeout: float = 15.0) -> None:
         return any(_alive(p, st) for p, st in tree.items()) or any(map(_group_alive, groups))
 
     for sig in (signal.SIGTERM, signal.SIGKILL):
+        collect()
         if sig == signal.SIGKILL and not left():
             return  # all of it left after SIGTERM (children too: they get the same grace)
-        for target in [p for p, st in tree.items() if _alive(p, st)]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(target, sig)
-        for pgid in groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, sig)
-        t0 = time.time()
-        while time.time() - t0 < timeout and left():
+        t0, sent, sent_groups = time.time(), set(), set()
+        while True:  # each process and group once per signal: a second SIGTERM can cut short
+            for target in [p for p, st in tree.items() if p not in sent and _alive(p, st)]:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(target, sig)
+                sent.add(target)
+            for pgid in groups - sent_groups:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, sig)
+                sent_groups.add(pgid)
+            if time.time() - t0 >= timeout or not left():
+                break
             time.sleep(0.2)
+            collect()
 
 
 def _group_alive(pgid: int) -> bool:
@@ -276,8 +292,9 @@ def descendants(pid: int) -> list[int]:
 
 def _stop(proc: subprocess.Popen) -> None:
     """Stop the SuperLink and everything it started (:func:`stop_group`), then reap it."""
-    stop_group(proc.pid)
-    proc.poll()
+    if proc.poll() is None:  # reaped already: its pid may belong to another process by now
+        stop_group(proc.pid)
+        proc.poll()
 
 
 def toml_value(v: Any) -> str:
@@ -355,6 +372,10 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
                         out.flush()
             except BaseException:  # Ctrl-C or a broken terminal: leave neither flwr nor the run
                 proc.terminate()
+                try:  # Popen's exit waits without a limit for anything but a KeyboardInterrupt
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
                 if run_id is not None:
                     stop_run(home, connection, run_id)
                 raise

@@ -132,11 +132,13 @@ class RunDir:
 def new_folder(parent: Path, stem: str) -> Path:
     """A new, empty folder ``<parent>/<stem>-<time>`` (``-2``, ``-3``... appended where that is
     taken), created here, so two runs started in the same second never share one."""
+    parent = Path(parent).expanduser()
+    parent.mkdir(parents=True, exist_ok=True)  # a file or broken link there: an OSError, once
     base, n = f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}", 1
     while True:
-        path = Path(parent) / (base if n == 1 else f"{base}-{n}")
+        path = parent / (base if n == 1 else f"{base}-{n}")
         try:
-            path.mkdir(parents=True)
+            path.mkdir()
             return path
         except FileExistsError:
             n += 1

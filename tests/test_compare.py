@@ -418,3 +418,40 @@ def test_progress_line_shows_small_traffic_in_kb():
 
     line = progress_line({"round": 1, "bytes-up": 44_000, "bytes-down": 6_650_000})
     assert "up 44.0 kB down 6.7 MB" in line
+
+
+def test_review_of_the_session_s_own_fixes(tmp_path, capsys, monkeypatch):
+    """A review of this session's diff found: new_folder looping for ever under a broken
+    symlink; a resumed run's own 'dirichlet:1' refused as a change (1.0 -> 1); nohup's ignored
+    SIGHUP replaced by ours; compare --resume over fewer seeds dropping their rows."""
+    import signal
+
+    from flowerbed.results import new_folder
+
+    (tmp_path / "gone").symlink_to(tmp_path / "unmounted")
+    with pytest.raises(OSError):
+        new_folder(tmp_path / "gone", "fedavg")
+    run = tmp_path / "r"
+    run.mkdir()
+    saved = Config.from_run_config({"partition": "dirichlet:1", "num-server-rounds": 2})
+    (run / "config.json").write_text(json.dumps({**saved.to_run_config(), "num-partitions": 2}))
+    with pytest.raises(Exception) as e:  # past the up-front check: the engine itself, faked
+        monkeypatch.setattr(cli, "preflight", lambda *a: (_ for _ in ()).throw(RuntimeError("ok")))
+        cli.main(["run", "--resume", str(run), "-c", "partition='dirichlet:1'"])
+    assert str(e.value) == "ok", capsys.readouterr().err
+
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with cli.signals_interrupt():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGHUP, old)
+
+    (tmp_path / "cmp").mkdir()
+    (tmp_path / "cmp" / "results.json").write_text(json.dumps(
+        {"seeds": [0, 1], "summary": {"fedavg": {}}, "per-seed": {}}))
+    cmp.keep_earlier_tables(tmp_path / "cmp", True, ["fedavg"], [0, 1])
+    assert (tmp_path / "cmp" / "results.json").exists()  # the same seeds and methods: kept
+    cmp.keep_earlier_tables(tmp_path / "cmp", True, ["fedavg"], [0])
+    assert not (tmp_path / "cmp" / "results.json").exists()  # seed 1's rows: set aside

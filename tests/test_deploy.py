@@ -420,8 +420,9 @@ def test_up_refuses_a_port_in_use_before_starting_anything(tmp_path):
 def test_the_superlink_listens_where_its_address_points():
     """`up --address 10.0.0.5` bound 127.0.0.1 and waited a minute to report a closed port."""
     assert deploy.bind_for("127.0.0.1") == "127.0.0.1" and deploy.bind_for("localhost") == "127.0.0.1"
-    assert deploy.bind_for("[::1]") == "::1"
+    assert deploy.bind_for("[::1]") == "::1" and deploy.bind_for("127.0.1.1") == "127.0.1.1"
     assert deploy.bind_for("10.0.0.5") == deploy.bind_for("lab.example") == "0.0.0.0"
+    assert deploy.bind_for("[2001:db8::5]") == "::"
 
 
 def test_a_specific_bind_address_is_named_in_the_certificate(tmp_path):
@@ -462,3 +463,21 @@ def test_a_dead_superlink_is_named_by_run_and_status(tmp_path, capsys):
         deploy.run(deploy.Deployment.load(tmp_path), {"output-dir": str(tmp_path), "run-name": "r"})
     assert cli.main(["deploy", "status", "--home", str(tmp_path)]) == 0
     assert "the SuperLink is gone" in capsys.readouterr().out
+
+
+def test_stop_group_of_a_process_that_leads_no_group_spares_the_group():
+    """A review found stop_group signalled the group of any pid it was given: for a process
+    that leads none, its parent's whole group (a shell job, or the launcher itself)."""
+    from flowerbed.engine import descendants, stop_group
+
+    job = subprocess.Popen(["bash", "-c", "sleep 30 & sleep 30 & wait"], start_new_session=True)
+    try:
+        deadline = time.time() + 10
+        while len(descendants(job.pid)) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        first, second = descendants(job.pid)[:2]
+        stop_group(first, timeout=5)
+        assert not _alive(first) and _alive(second) and job.poll() is None
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
