@@ -235,3 +235,16 @@ def test_a_refused_evaluation_reply_is_left_out_of_the_scores_too():
     assert metrics["accuracy"] == pytest.approx(0.2) and len(s._test_preds) == 1
     assert set(s.round.clients) == {0} and [f["partition"] for f in s.round.failed] == [1]
     assert "shape (3, 11)" in s.round.failed[0]["reason"]
+
+
+def test_the_every_class_majority_warning_names_each_client_once(caplog):
+    """Found by a README walk-through: on dirichlet:0.5 it fired every round for the same
+    clients; now once per client, then an info line."""
+    s = FedCCStrategy(Config.from_run_config({"method": "fedcc", "public-fraction": 0.1}))
+    s.num_classes = 10
+    full = {"fedcc-majority-classes": 10}
+    for rnd, parts in ((1, [0, 1]), (2, [0, 1]), (3, [0, 1, 2])):
+        caplog.clear()
+        s.inspect(rnd, parts, [full] * len(parts))
+        warned = [r for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == (0 if rnd == 2 else 1), (rnd, caplog.text)

@@ -47,7 +47,13 @@ class FedCCStrategy(DistillStrategy):
         (the ensemble collapse described in the README)."""
         full = [p for p, m in zip(partitions, metrics, strict=True)
                 if m.get("fedcc-majority-classes", 0) >= self.num_classes]
-        if full:
+        warned = self.__dict__.setdefault("_warned_full", set())  # partitions named already
+        new = sorted(set(full) - warned)
+        warned |= set(full)
+        if full and not new:  # said before: once per client, then the rounds' info lines
+            log.info("[round %d] FedCC: partitions %s still have every class as a majority class",
+                     server_round, ", ".join(map(str, full)))
+        elif full:
             log.warning("[round %d] FedCC: %d client(s) (partitions %s) have every class as a majority "
                         "class (w_u = 0): their pseudo-labels never say 'unknown'; a different "
                         "featureless probe (fedcc-probe-input) or more third-stage epochs "
