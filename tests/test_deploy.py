@@ -223,6 +223,14 @@ def test_every_method_runs_on_the_deployment_engine(every_method, method):
         assert {"client-accuracy-min", "client-accuracy-max", "jain-index"} <= set(last)
 
 
+def terminal_signals() -> None:
+    """A terminal's signal handling for a launcher the test starts: a shell's background job
+    ignores SIGINT, and a job under nohup (as CI may run the suite) ignores SIGHUP; the
+    launcher keeps an ignored signal ignored, as it must under nohup."""
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig, group", [(signal.SIGINT, True), (signal.SIGHUP, True),
                                         (signal.SIGTERM, False)])
 def test_ctrl_c_in_deploy_run_stops_the_run_on_the_superlink(deployment, tmp_path, sig, group):
@@ -238,7 +246,7 @@ def test_ctrl_c_in_deploy_run_stops_the_run_on_the_superlink(deployment, tmp_pat
     # SIGINT and passes that on, so the launcher gets the default handling back, as in a terminal
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=terminal_signals)
     lines = []
     for line in proc.stdout:
         lines.append(line)
