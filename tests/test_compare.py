@@ -424,7 +424,9 @@ def test_review_of_the_session_s_own_fixes(tmp_path, capsys, monkeypatch):
     """A review of this session's diff found: new_folder looping for ever under a broken
     symlink; a resumed run's own 'dirichlet:1' refused as a change (1.0 -> 1); nohup's ignored
     SIGHUP replaced by ours; compare --resume over fewer seeds dropping their rows."""
+    import os
     import signal
+    import time
 
     from flowerbed.results import new_folder
 
@@ -440,6 +442,15 @@ def test_review_of_the_session_s_own_fixes(tmp_path, capsys, monkeypatch):
         cli.main(["run", "--resume", str(run), "-c", "partition='dirichlet:1'"])
     assert str(e.value) == "ok", capsys.readouterr().err
 
+    for sig in (signal.SIGHUP, signal.SIGTERM):  # each raises Terminated, as Ctrl-C raises
+        outer = signal.signal(sig, signal.SIG_DFL)  # as in a terminal (pytest may run under nohup)
+        try:
+            with pytest.raises(cli.Terminated), cli.signals_interrupt():
+                os.kill(os.getpid(), sig)
+                time.sleep(1)
+            assert signal.getsignal(sig) == signal.SIG_DFL  # restored afterwards
+        finally:
+            signal.signal(sig, outer)
     old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         with cli.signals_interrupt():

@@ -231,13 +231,12 @@ def terminal_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
-@pytest.mark.parametrize("sig, group", [(signal.SIGINT, True), (signal.SIGHUP, True),
-                                        (signal.SIGTERM, False)])
+@pytest.mark.parametrize("sig, group", [(signal.SIGINT, True), (signal.SIGTERM, False)])
 def test_ctrl_c_in_deploy_run_stops_the_run_on_the_superlink(deployment, tmp_path, sig, group):
     """The SuperLink outlives the launcher: Ctrl-C must stop the run there (``flwr stop``), not
-    only the local ``flwr run --stream``, or the ServerApp trains on for nobody. So must a
-    closed terminal (SIGHUP to the group) and ``kill <launcher>`` (SIGTERM to it alone): both
-    left the run going."""
+    only the local ``flwr run --stream``, or the ServerApp trains on for nobody. So must
+    ``kill <launcher>`` (SIGTERM to it alone) and a closed terminal (SIGHUP, the same handler:
+    tests/test_compare.py checks it is installed): both left the run going."""
     rc = (f"method='fedavg' num-server-rounds=200 train-samples=1000 test-samples=200 "
           f"min-clients=2 fraction-evaluate=0.0 output-dir='{tmp_path}' run-name='interrupted'")
     cmd = [sys.executable, "-m", "flowerbed", "deploy", "run", "--home", str(deployment.home),
@@ -257,7 +256,11 @@ def test_ctrl_c_in_deploy_run_stops_the_run_on_the_superlink(deployment, tmp_pat
         pytest.fail("".join(lines[-30:]))
     time.sleep(3)
     os.killpg(proc.pid, sig) if group else os.kill(proc.pid, sig)
-    rest = proc.communicate(timeout=90)[0]
+    try:
+        rest = proc.communicate(timeout=90)[0]
+    except subprocess.TimeoutExpired:  # not stopped: leave no launcher training on
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
     assert proc.returncode == 128 + sig and "Traceback" not in rest, rest[-3000:]
     assert f"stopped run {run_id}" in rest, rest[-3000:]
     res = deploy.flwr_cli(deployment, "list", "--run-id", run_id, deploy.CONNECTION,
