@@ -165,6 +165,14 @@ def finished_reason(run_dir: Path, asked: int, reached: int | None = None) -> st
     return None
 
 
+def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``"key: old -> new"`` for each run-config key of ``current`` that differs from ``saved``'s,
+    :data:`RESUMABLE_CHANGES` aside; a key ``saved`` lacks (added since) is no change. What the
+    launcher refuses before a resume starts."""
+    return [f"{k}: {saved.get(k)!r} -> {v!r}" for k, v in current.items()
+            if k not in RESUMABLE_CHANGES and saved.get(k, v) != v]
+
+
 def check_compatible(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
     """A resumed run must be the same experiment: only :data:`RESUMABLE_CHANGES` may differ."""
     diff = sorted(k for k in set(saved) | set(current)

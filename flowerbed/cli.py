@@ -78,12 +78,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             given = overrides.get(key, saved[key])
             if (given if key == "run-name" else str(Path(given).expanduser().resolve())) != saved[key]:
                 raise ConfigError(key, given, f"a resumed run stays where it is ({saved['resume']})")
-        from flowerbed.checkpoint import RESUMABLE_CHANGES
+        from flowerbed.checkpoint import RESUMABLE_CHANGES, config_changes
 
-        before = Config.from_run_config(saved).to_run_config()  # both normalised, as the
-        after = Config.from_run_config({**saved, **overrides}).to_run_config()  # ServerApp does
-        changed = [f"{k}: {before[k]!r} -> {after[k]!r}" for k in overrides
-                   if k in before and k not in RESUMABLE_CHANGES and after[k] != before[k]]
+        changed = config_changes(Config.from_run_config(saved).to_run_config(),  # normalised,
+                                 Config.from_run_config({**saved, **overrides}).to_run_config())
+        # as the ServerApp compares them (dirichlet:1 is dirichlet:1.0)
         if changed:  # the ServerApp refuses them too, but only after the engine has started
             raise ConfigError("--resume", args.resume, f"a resumed run keeps its config; this "
                               f"changes {', '.join(changed[:5])} (only "
@@ -282,7 +281,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         dep = deploy.Deployment.load(home)
         for name, pid in dep.pids.items():
             print(f"{name:>14} pid {pid}: {'running' if dep.alive(name) else 'gone'}")
-        if "superlink" in dep.pids and not dep.alive("superlink"):
+        if dep.superlink_gone():
             print("the SuperLink is gone: restart with `flowerbed deploy down`, then `up`")
         else:
             print(f"SuperNodes online (flwr supernode list): {deploy.online_nodes(dep)}")

@@ -162,7 +162,7 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
     """What ``--resume`` does with the run in ``run_dir``: ``keep`` it (finished, same config),
     ``resume`` it (stopped, or finished with fewer rounds than asked), or start it ``fresh``
     (none there). An earlier run with another config is a ConfigError naming the keys."""
-    from flowerbed.checkpoint import FILE, RESUMABLE_CHANGES, finished_rounds
+    from flowerbed.checkpoint import FILE, RESUMABLE_CHANGES, config_changes, finished_rounds
     from flowerbed.config import Config, ConfigError
 
     done, stopped = finished_rounds(run_dir), (run_dir / FILE).exists()
@@ -170,9 +170,8 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
         return "fresh"
     saved = json.loads((run_dir / "config.json").read_text())
     current = {**Config.from_run_config(rc).to_run_config(), "num-partitions": num_clients}
-    diff = [k for k in current if k not in RESUMABLE_CHANGES and saved.get(k, current[k]) != current[k]]
-    if diff:
-        shown = ", ".join(f"{k}: {saved.get(k)!r} -> {current[k]!r}" for k in diff[:5])
+    if diff := config_changes(saved, current):
+        shown = ", ".join(diff[:5])
         raise ConfigError("--resume", str(run_dir), f"the earlier run there differs in {shown}; "
                           "rerun without --resume (it is moved aside) or pass its settings again")
     asked = current["num-server-rounds"]

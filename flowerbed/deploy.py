@@ -103,6 +103,10 @@ class Deployment:
     def alive(self, name: str) -> bool:
         return _alive(self.pids[name], self.starts.get(name))
 
+    def superlink_gone(self) -> bool:
+        """``up`` started a SuperLink here and it no longer runs."""
+        return "superlink" in self.pids and not self.alive("superlink")
+
     def ours(self, name: str) -> bool:
         """The process, or what is left of its group, still runs (see :func:`engine.ours`)."""
         return ours(self.pids[name], self.starts.get(name))
@@ -207,6 +211,10 @@ def register_node(dep: Deployment, i: int) -> None:
 # ---------------------------------------------------------------------- up / down
 
 
+#: the wildcard binds, and the loopback address that reaches a SuperLink bound to each
+WILDCARD = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+
+
 def bind_for(address: str) -> str:
     """The interface a SuperLink reached at ``address`` listens on: the loopback where the
     address is the loopback (nothing else can reach it), else all interfaces (a SuperLink bound
@@ -244,7 +252,7 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
     sl_host, port_text = dep.address.rsplit(":", 1)
     sl_host, port = sl_host.strip("[]"), int(port_text)
     # the SuperLink's own ServerApp executor connects to the bound interface: name it too
-    bound = [] if host in ("0.0.0.0", "::", "", sl_host) else [host]
+    bound = [] if host in WILDCARD or host == sl_host else [host]
     wanted = list(dict.fromkeys([sl_host, *bound, *(cert_hosts or [])]))
     if not dep.insecure and not (dep.certs / certs.SERVER_CERT).exists():
         certs.make_certs(dep.certs, [*certs.DEFAULT_HOSTS, *wanted])
@@ -258,7 +266,7 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
         raise DeployError(f"the SuperLink certificate {dep.certs / certs.SERVER_CERT} expired on "
                           f"{end:%Y-%m-%d}; make new ones with `flowerbed deploy certs --force --home "
                           f"{dep.home}` (then give the SuperNodes the new ca.crt)")
-    probe = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    probe = WILDCARD.get(host, host)
     if port_open(probe, port) or (sl_host != probe and port_open(sl_host, port)):
         # the other process's listener would answer for ours, and our SuperNodes join its federation
         raise DeployError(f"port {port} is in use on {probe} (another SuperLink or deployment?); "
@@ -327,7 +335,7 @@ def down(dep: Deployment) -> list[str]:
 
 def run(dep: Deployment, run_config: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
     """``flwr run <project> flowerbed-deploy`` on this deployment; returns summary.json."""
-    if "superlink" in dep.pids and not dep.alive("superlink"):
+    if dep.superlink_gone():
         raise DeployError(f"the SuperLink of {dep.home} is not running (pid {dep.pids['superlink']} "
                           f"is gone; its log: {dep.log_file('superlink')}); restart the deployment "
                           "with `flowerbed deploy down`, then `up`")

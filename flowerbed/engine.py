@@ -166,8 +166,7 @@ def stop_group(pid: int, timeout: float = 15.0) -> None:
     groups: set[int] = set() if _alive(pid) else {pid}  # a group whose leader died goes on
 
     def collect() -> None:
-        for p in [pid, *descendants(pid), *(d for q in list(tree) if _alive(q, tree[q])
-                                            for d in descendants(q))]:
+        for p in [pid, *descendants(pid, *(q for q, st in tree.items() if _alive(q, st)))]:
             if p not in tree and (st := start_time(p)) is not None:
                 tree[p] = st  # with its start: a pid reused later is not ours
         groups.update(int(f[2]) for p in tree if (f := _stat(p)) and int(f[2]) in tree)
@@ -275,14 +274,14 @@ def local_superlink(home: Path | None = None, port: int | None = None,
             shutil.rmtree(home, ignore_errors=True)
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (children, their children, ...), from /proc."""
+def descendants(*pids: int) -> list[int]:
+    """Every live process below ``pids`` (children, their children, ...), from one read of /proc."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         fields = _stat(int(entry.name)) if entry.name.isdigit() else None
         if fields and fields[0] != "Z":
             children.setdefault(int(fields[1]), []).append(int(entry.name))
-    out, todo = [], [pid]
+    out, todo = [], list(pids)
     while todo:
         for child in children.get(todo.pop(), []):
             out.append(child)
