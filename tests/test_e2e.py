@@ -144,6 +144,8 @@ def test_fedade_end_to_end(superlink, tmp_path):
     assert rows[1]["pre-accuracy"] is not None and rows[3]["pre-accuracy"] is not None
     assert s["mean-accuracy"] is not None and s["mean-pre-accuracy"] is not None
     assert all(cfg_lr >= 0 for cfg_lr in (rows[1]["lr"], rows[2]["lr"]))
+    # the personal (dense) layers go down once, to clients that have not filed their own
+    assert rows[2]["bytes-down"] * 10 < rows[1]["bytes-down"], [r.get("bytes-down") for r in rows]
 
 
 def test_server_refuses_impossible_split_before_round_1(superlink, tmp_path):

@@ -208,6 +208,63 @@ def test_fedrep_refuses_a_body_that_is_not_the_whole_body():
     assert "unexpected ['fc2.weight']" in failed[1] and "is empty" in failed[2]
 
 
+def test_fedrep_sends_the_head_only_to_a_client_without_its_own():
+    """The head travels down until the client's training reply shows it filed its own; a client
+    that replies with an error (its state may be lost) gets the whole model again."""
+    from flowerbed.strategies.base import record_bytes
+    from flowerbed.strategies.fedrep import FedRepStrategy
+    from tests.conftest import FakeGrid, error_reply
+
+    s = FedRepStrategy(Config.from_run_config({"method": "fedrep", "min-clients": 1}))
+    nodes = [101, 102, 103]
+    prepared(s, nodes)
+    layer = {"conv1.weight": (4, 4), "fc2.weight": (2, 2)}  # fc2: the head
+    model = ArrayRecord({k: Array(np.zeros(sh, np.float32)) for k, sh in layer.items()})
+
+    def sent_keys(msgs):
+        return {m.metadata.dst_node_id: set(m.content["arrays"]) for m in msgs}
+
+    def configure(rnd):
+        msgs = list(s.configure_train(rnd, model, ConfigRecord(), FakeGrid(nodes)))
+        for m in msgs:  # as the Grid does when it sends them
+            m.metadata.__dict__["_message_id"] = f"r{rnd}-{m.metadata.dst_node_id}"
+        return msgs
+
+    msgs = configure(1)
+    assert all(k == set(layer) for k in sent_keys(msgs).values())
+    body = RecordDict({"arrays": ArrayRecord({"conv1.weight": Array(np.ones((4, 4), np.float32))}),
+                       "m": MetricRecord({"num-examples": 10})})
+    s.aggregate_train(1, [reply(msgs[0], body), reply(msgs[1], body), error_reply(msgs[2])])
+    msgs = configure(2)
+    assert sent_keys(msgs) == {101: {"conv1.weight"}, 102: {"conv1.weight"}, 103: set(layer)}
+    assert s.round.bytes_down == sum(record_bytes(m.content) for m in msgs)
+    assert record_bytes(msgs[0].content) < record_bytes(msgs[2].content)
+    s._sent = [sent(101, mtype="evaluate")]
+    s.aggregate_evaluate(2, [error_reply(s._sent[0])])
+    evals = list(s.configure_evaluate(2, model, ConfigRecord(), FakeGrid(nodes)))
+    assert sent_keys(evals) == {101: set(layer), 102: {"conv1.weight"}, 103: set(layer)}
+
+
+def test_a_client_without_its_personal_layers_says_so():
+    from flowerbed.clients.base import make_model
+    from flowerbed.datasets.federated import train_set
+    from flowerbed.training import to_record
+
+    c, cfg, ctx = client("fedrep")
+    full = to_record(make_model(cfg, train_set(cfg)))
+    body = ArrayRecord({k: v for k, v in full.items() if not k.startswith("fc2.")})
+    msg = RecordDict({"arrays": body, "config": ConfigRecord({"server-round": 1})})
+    with pytest.raises(RuntimeError, match="partition 2: the message has no fc2.weight, fc2.bias "
+                                           "and this client holds none of its own"):
+        c.train(sent(4, msg))
+    c.train(sent(4, RecordDict({"arrays": full, "config": ConfigRecord({"server-round": 1})})))
+    head = ctx.state["fedrep.head"]["fc2.weight"].numpy()
+    out = c.evaluate(sent(4, msg, mtype="evaluate"))  # the body alone: its own head in place
+    model = c.personal_model(sent(4, msg))
+    assert np.allclose(model.state_dict()["fc2.weight"].numpy(), head)
+    assert 0 <= out.content["metrics"]["accuracy"] <= 1
+
+
 def test_scaffold_client_refuses_a_control_variate_of_another_shape():
     """A (1,)-shaped c would have been added to every gradient element by broadcasting."""
     from flowerbed.clients.base import make_model

@@ -53,6 +53,22 @@ class Client:
     def model_from(self, record: ArrayRecord) -> nn.Module:
         return load_record(self.new_model(), record).to(self.device)
 
+    def model_with(self, record: ArrayRecord, *own: ArrayRecord | None) -> nn.Module:
+        """The received arrays with this client's own layers (records of its ``context.state``;
+        later ones win) in their place. FedRep and Fed-ADE servers send the personal layers only
+        to a client that has not filed its own yet."""
+        merged = dict(record.items())
+        for rec in own:
+            merged.update(rec.items() if rec is not None else {})
+        model = self.new_model()
+        missing = [k for k in model.state_dict() if k not in merged]
+        if missing:
+            raise RuntimeError(
+                f"partition {self.partition_id}: the message has no {', '.join(missing[:3])}"
+                f"{' ...' if len(missing) > 3 else ''} and this client holds none of its own "
+                "(its context.state was lost?); the server sends the whole model next time")
+        return load_record(model, ArrayRecord(merged)).to(self.device)
+
     def reply(self, msg: Message, metrics: dict[str, Any], **arrays: ArrayRecord) -> Message:
         content = RecordDict({**arrays, "metrics": MetricRecord(metrics)})
         return Message(content=content, reply_to=msg)

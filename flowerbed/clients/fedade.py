@@ -70,14 +70,9 @@ def bbse_weights(conf: np.ndarray, pred_freq: np.ndarray) -> np.ndarray:
 class FedADEClient(Client):
     def model_for(self, msg: Message) -> nn.Module:
         """ψ̄ from the server (or the client's own ψ when sync is off) + its own φ."""
-        model = self.model_from(msg.content["arrays"])
-        own = self.context.state.array_records.get(SHARED_OWN)
-        if not self.cfg.fedade_sync and own is not None:
-            model.load_state_dict(own.to_torch_state_dict(), strict=False)
-        personal = self.context.state.array_records.get(PERSONAL)
-        if personal is not None:
-            model.load_state_dict(personal.to_torch_state_dict(), strict=False)
-        return model
+        state = self.context.state.array_records
+        own = None if self.cfg.fedade_sync else state.get(SHARED_OWN)
+        return self.model_with(msg.content["arrays"], own, state.get(PERSONAL))
 
     def batch(self, msg: Message) -> tuple[torch.Tensor, torch.Tensor, int]:
         t = int(msg.content["config"]["fedade-step"])

@@ -22,11 +22,7 @@ def set_trainable(model: nn.Module, head: bool) -> None:
 
 class FedRepClient(Client):
     def personal_model(self, msg: Message) -> nn.Module:
-        model = self.model_from(msg.content["arrays"])
-        head = self.context.state.array_records.get(HEAD)
-        if head is not None:
-            model.load_state_dict(head.to_torch_state_dict(), strict=False)
-        return model
+        return self.model_with(msg.content["arrays"], self.context.state.array_records.get(HEAD))
 
     def train(self, msg: Message) -> Message:
         model, rnd = self.personal_model(msg), self.round_of(msg)

@@ -42,6 +42,13 @@ def record_bytes(content: RecordDict) -> int:
     return int(sum(rec.count_bytes() for rec in content.values()))
 
 
+def with_record(content: RecordDict, key: str, record: ArrayRecord) -> RecordDict:
+    """A copy of ``content`` with ``record`` under ``key`` (the other records shared)."""
+    out = RecordDict(dict(content.items()))
+    out[key] = record
+    return out
+
+
 def metric_record(content: RecordDict) -> MetricRecord:
     """The (single, validated) MetricRecord of a reply's content."""
     return next(iter(content.metric_records.values()))
@@ -230,14 +237,21 @@ class FlowerbedFedAvg(FedAvg):
 
     def _messages(self, content: RecordDict, node_ids: list[int], message_type: str
                   ) -> list[Message]:
-        msgs = [Message(content=content, message_type=message_type, dst_node_id=n) for n in node_ids]
+        msgs = [Message(content=self.content_for(n, content), message_type=message_type,
+                        dst_node_id=n) for n in node_ids]
         self._sent = msgs
-        size = record_bytes(content) * len(msgs)
+        size = sum(record_bytes(m.content) for m in msgs)
         if message_type.startswith(MessageType.TRAIN):
             self.round.bytes_down += size
         else:
             self.round.bytes_down_eval += size
         return msgs
+
+    def content_for(self, node: int, content: RecordDict) -> RecordDict:
+        """What the message to ``node`` carries: the round's ``content``, or a copy made with
+        :func:`with_record` (FedXDS adds D_g for a client without it; FedRep and Fed-ADE leave
+        out the personal layers of a client that holds its own)."""
+        return content
 
     # ------------------------------------------------------------------ training
     def train_content(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord

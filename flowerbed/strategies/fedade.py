@@ -28,7 +28,8 @@ REF_PER_CLASS = 20
 
 
 class FedADEStrategy(FedRepStrategy):
-    checkpoint_attrs = ("_next_pre",)  # the next step's predict-then-update accuracy
+    # and the next step's predict-then-update accuracy
+    checkpoint_attrs = (*FedRepStrategy.checkpoint_attrs, "_next_pre")
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)

@@ -20,11 +20,11 @@ from collections.abc import Iterable
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from flowerbed.datasets.loading import IMAGE_SHAPES, NUM_CLASSES
-from flowerbed.strategies.base import FlowerbedFedAvg, log
+from flowerbed.strategies.base import FlowerbedFedAvg, log, with_record
 
 SHARED = "shared"   # ArrayRecord {"x": [n, C, H, W] float16, "y": [n] int64}
 
@@ -41,6 +41,7 @@ class FedXDSStrategy(FlowerbedFedAvg):
         self._initial: ArrayRecord | None = None
         self.share_round: int | None = None  # None: fedxds-warmup-rounds
         self._share_round = False
+        self._send_pool = False  # set while the main phase's training messages are made
 
     def describe(self) -> dict:
         """Recorded in config.json: which noise was used and the resulting (ε, δ)."""
@@ -76,22 +77,17 @@ class FedXDSStrategy(FlowerbedFedAvg):
         if self._restarts(server_round):
             arrays = self._initial
         self._share_round = phase == "share"
-        msgs = list(super().configure_train(server_round, arrays, config, grid))
-        if phase != "main" or self.pool is None:
-            return msgs
-        out = []  # D_g goes once to each client that does not hold it yet
-        for m in msgs:
-            pid = self.partition_of.get(m.metadata.dst_node_id, -1)
-            if pid in self.has_pool:
-                out.append(m)
-                continue
-            content = RecordDict(dict(m.content.items()))
-            content[SHARED] = self.pool
-            self.round.bytes_down += self.pool.count_bytes()
-            out.append(Message(content=content, message_type=MessageType.TRAIN,
-                               dst_node_id=m.metadata.dst_node_id))
-        self._sent = out
-        return out
+        self._send_pool = phase == "main" and self.pool is not None
+        try:
+            return super().configure_train(server_round, arrays, config, grid)
+        finally:
+            self._send_pool = False
+
+    def content_for(self, node: int, content: RecordDict) -> RecordDict:
+        """D_g goes (in training messages of the main phase) to each client without it yet."""
+        if not self._send_pool or self.partition_of.get(node) in self.has_pool:
+            return content
+        return with_record(content, SHARED, self.pool)
 
     def _restarts(self, server_round: int) -> bool:
         """Whether ``server_round`` is the first main round, which starts from the initial weights
