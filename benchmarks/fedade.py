@@ -21,7 +21,7 @@ from benchmarks.common import RESULTS, write_result
 from flowerbed.compare import compare, run_label
 from flowerbed.config import Config, defaults
 from flowerbed.pretrain import pretrained
-from flowerbed.results import md_table, pct, plot_curves, read_metrics
+from flowerbed.results import md_table, pct, plot_curves, read_metrics, time_step_curves
 
 ROOT = Path(__file__).resolve().parents[1]
 LO, HI = defaults()["fedade-lr-min"], defaults()["fedade-lr-max"]
@@ -64,12 +64,9 @@ def plot_setting(runs: Path, shift: str, sched: str) -> Path:
         if name not in PLOTTED:
             continue
         rows = read_metrics(runs / f"bench-fedade-{shift}-{sched}" / run_label(variant))
-        steps = [{"round": round(r["time-step"]) + 1, "accuracy": r.get("accuracy"),
-                  "pre": r.get("pre-accuracy")} for r in rows if r.get("time-step") is not None]
-        curves[name] = steps
+        curves[name], pre = time_step_curves(rows)
         if name == "Fed-ADE":
-            curves["Fed-ADE, predict-then-update"] = [
-                {"round": r["round"], "accuracy": r["pre"]} for r in steps]
+            curves["Fed-ADE, predict-then-update"] = pre
     out = RESULTS / f"fedade-{shift}-{sched}.png"
     return plot_curves(curves, out, title=f"Fed-ADE, {shift} shift, {sched} (Fashion-MNIST, CPU)",
                        xlabel="time step", ylabel="online accuracy (all clients)")

@@ -117,7 +117,8 @@ def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
             (out / "results.json").write_text(json.dumps(results, indent=2))
     (out / "results.json").write_text(json.dumps(results, indent=2))  # also when all were kept
     curves = {m: read_metrics(out / run_label(m)) for m in methods if "error" not in results[m]}
-    plot_curves(curves, out / "accuracy.png", title=_title(overrides, num_clients))
+    plot_comparison(curves, out, _title(overrides, num_clients),
+                    [m for m in methods if "error" in results[m]])
     table = markdown_table(results, overrides, num_clients)
     (out / "table.md").write_text(table + "\n")
     log.info("compare: wrote %s", out)
@@ -202,18 +203,28 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
 
 CLIENT_ACC = "final-client-accuracy"
 ACC_NOTE = ("final acc: the server's measure (the test set; the linear probe for self-supervised "
-            "methods; personalised accuracy for fedfew, ifca, fedrep, local, fedavg-ft). client "
+            "methods; personalised accuracy for fedfew, ifca, fedrep, local, fedavg-ft; the last "
+            "time step's online accuracy for fedade). client "
             "acc: every method on the clients' local test splits, with the model each client "
             "uses (the global model for fedavg and the like, its own for the personalised "
             "methods).")
+STREAM_NOTE = ("mean online acc: a stream's result (Fed-ADE), the online accuracy averaged over "
+               "the time steps; mean pre-update acc: the same, each step's batch scored before "
+               "adapting to it.")
+
+
+def streams(s: dict[str, Any]) -> bool:
+    """Whether a run's summary is a stream's (Fed-ADE: scored by its mean online accuracy)."""
+    return s.get("mean-pre-accuracy") is not None
 
 
 def _title(overrides: dict[str, Any], n: int) -> str:
+    settings = [f"{k} {overrides[k]}" for k in SHARED_KEYS[4:] if overrides.get(k) is not None]
     return (f"{overrides.get('dataset', 'fashion-mnist')}, {overrides.get('partition')}, "
-            f"{n} clients, seed {overrides.get('seed', 0)}")
+            f"{n} clients{''.join(', ' + x for x in settings)}, seed {overrides.get('seed', 0)}")
 
 
-#: the settings a comparison's header says every method shares
+#: the settings a comparison's header says every method shares (the first four always named)
 SHARED_KEYS = ("dataset", "partition", "seed", "num-server-rounds", "train-samples", "test-samples",
                "min-partition-size", "local-test-fraction")
 
@@ -237,9 +248,18 @@ def skipped_rounds(results: dict[str, dict[str, Any]]) -> list[str]:
             "'failures' in the run's metrics.jsonl): " + "; ".join(short) + "."] if short else []
 
 
+def notes(client: bool, stream: bool) -> list[str]:
+    """The notes under a table with a ``client acc`` or a stream's columns."""
+    text = " ".join([ACC_NOTE] * client + [STREAM_NOTE] * stream)
+    return ["", text] if text else []
+
+
 def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any], n: int) -> str:
     client = any(s.get(CLIENT_ACC) is not None for s in results.values())
+    stream = any(streams(s) for s in results.values())
     cols: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        *([("mean online acc %", lambda s: pct(s.get("mean-accuracy")) if streams(s) else "-"),
+           ("mean pre-update acc %", lambda s: pct(s.get("mean-pre-accuracy")))] if stream else []),
         ("final acc %", lambda s: pct(s.get("final-accuracy"))),
         *([("client acc %", lambda s: pct(s.get(CLIENT_ACC)))] if client else []),
         ("best acc % (round)", lambda s: f"{pct(s.get('best-accuracy'))} ({s.get('best-round')})"),
@@ -253,7 +273,20 @@ def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any]
              f"{_rounds(overrides)}.", "",
              *md_table(["method", *(h for h, _ in cols)], rows), *exceptions(results),
              *skipped_rounds(results)]
-    return "\n".join(lines + (["", ACC_NOTE] if client else []))
+    return "\n".join(lines + notes(client, stream))
+
+
+def plot_comparison(curves: dict[str, list[dict[str, Any]]], out: Path, title: str,
+                    failed: list[str]) -> None:
+    """``accuracy.png`` (each method's own measure, as ``final acc``) and, where the clients
+    evaluate, ``client-accuracy.png`` (every method on the clients' local test splits: the plot
+    to read when personalised and global methods meet); failed runs named under the plot."""
+    note = f"failed, not drawn: {', '.join(failed)}" if failed else ""
+    plot_curves(curves, out / "accuracy.png", title=title, note=note,
+                ylabel="accuracy (each method's own)")
+    if any(r.get("client-accuracy") is not None for rows in curves.values() for r in rows):
+        plot_curves(curves, out / "client-accuracy.png", title=title, note=note,
+                    key="client-accuracy", ylabel="client accuracy (local test splits)")
 
 
 def compare_seeds(methods: list[str], overrides: dict[str, Any], seeds: list[int],
@@ -282,10 +315,15 @@ def compare_seeds(methods: list[str], overrides: dict[str, Any], seeds: list[int
                for m in methods}
     (out / "results.json").write_text(json.dumps(
         {"seeds": seeds, "summary": summary, "per-seed": per_seed}, indent=2))
-    curves = {m: mean_curve([read_metrics(out / f"seed-{s}" / run_label(m)) for s in seeds
-                             if "error" not in per_seed[s].get(m, {"error": 1})]) for m in methods}
-    plot_curves({m: c for m, c in curves.items() if c}, out / "accuracy.png",
-                title=_title(overrides, num_clients).rsplit(",", 1)[0] + f", mean of seeds {seeds}")
+    curves = {}
+    for m in methods:  # a method some of whose seeds failed: its curve's label names the others
+        ok = summary[m]["seeds-ok"]
+        runs = [read_metrics(out / f"seed-{s}" / run_label(m)) for s in ok]
+        label = m if len(ok) in (0, len(seeds)) else f"{m} (seeds {', '.join(map(str, ok))})"
+        curves[label] = mean_curve(runs)
+    plot_comparison({m: c for m, c in curves.items() if c}, out,
+                    _title(overrides, num_clients).rsplit(",", 1)[0] + f", mean of seeds {seeds}",
+                    [m for m, c in curves.items() if not c])
     table = seeds_table(summary, overrides, num_clients, seeds)
     (out / "table.md").write_text(table + "\n")
     log.info("compare: wrote %s", out)
@@ -297,24 +335,30 @@ def seed_stats(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
     (failed seeds are listed and left out of the mean)."""
     ok = {s: r for s, r in by_seed.items() if "error" not in r}
     stats: dict[str, Any] = {"seeds-ok": sorted(ok), "seeds-failed": sorted(set(by_seed) - set(ok))}
-    for key in ("final-accuracy", "best-accuracy", "initial-accuracy", CLIENT_ACC):
+    for key in ("final-accuracy", "best-accuracy", "initial-accuracy", CLIENT_ACC,
+                "mean-accuracy", "mean-pre-accuracy"):
         vals = {s: r.get(key) for s, r in ok.items()}
         finite = [v for v in vals.values() if v is not None]
         stats[key] = vals
         stats[f"{key}-mean"] = statistics.fmean(finite) if finite else None
         stats[f"{key}-std"] = statistics.stdev(finite) if len(finite) > 1 else None
+    for key in ("rounds", "rounds-aggregated", "client-failures-total"):  # per seed, as they are
+        stats[key] = {s: r.get(key) for s, r in ok.items()}
     return stats
 
 
-def mean_curve(runs: list[list[dict[str, Any]]], key: str = "accuracy") -> list[dict[str, Any]]:
-    """Rows of several runs -> one row per round with the mean of ``key`` over the runs that
-    report it in that round."""
-    by_round: dict[int, list[float]] = {}
+def mean_curve(runs: list[list[dict[str, Any]]], keys: tuple[str, ...] = ("accuracy", "client-accuracy")
+               ) -> list[dict[str, Any]]:
+    """Rows of several runs -> one row per round with the mean of each of ``keys`` over the runs
+    that report it in that round."""
+    by_round: dict[int, dict[str, list[float]]] = {}
     for rows in runs:
         for r in rows:
-            if r.get(key) is not None:
-                by_round.setdefault(r["round"], []).append(r[key])
-    return [{"round": k, key: statistics.fmean(v)} for k, v in sorted(by_round.items())]
+            for k in keys:
+                if r.get(k) is not None:
+                    by_round.setdefault(r["round"], {}).setdefault(k, []).append(r[k])
+    return [{"round": rnd, **{k: statistics.fmean(v) for k, v in vals.items()}}
+            for rnd, vals in sorted(by_round.items())]
 
 
 def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n: int,
@@ -323,16 +367,25 @@ def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n
         sd = st.get(f"{key}-std")
         return pct(st.get(f"{key}-mean")) + ("" if sd is None else f" ± {100 * sd:.2f}")
 
-    def per_seed(st: dict[str, Any]) -> str:
+    def per_seed(st: dict[str, Any]) -> str:  # each value named by its seed
         by_seed = {str(s): v for s, v in st["final-accuracy"].items()}  # str keys once read back
-        return ", ".join(pct(by_seed.get(str(s))) for s in st["seeds-ok"]) or "-"
+        return ", ".join(f"{pct(by_seed.get(str(s)))} (s{s})" for s in st["seeds-ok"]) or "-"
+
+    def failures(st: dict[str, Any]) -> str:  # over the seeds that ran to the end
+        counts = st.get("client-failures-total", {}).values()
+        return str(sum(v or 0 for v in counts)) if counts else "-"
 
     client = any(st.get(f"{CLIENT_ACC}-mean") is not None for st in summary.values())
+    stream = any(st.get("mean-pre-accuracy-mean") is not None for st in summary.values())
     cols: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        *([("mean online acc %", lambda st: mean_sd(st, "mean-accuracy")
+            if st.get("mean-pre-accuracy-mean") is not None else "-"),
+           ("mean pre-update acc %", lambda st: mean_sd(st, "mean-pre-accuracy"))] if stream else []),
         ("final acc %", lambda st: mean_sd(st, "final-accuracy")),
         ("per seed", per_seed),
         *([("client acc %", lambda st: mean_sd(st, CLIENT_ACC))] if client else []),
         ("best acc %", lambda st: mean_sd(st, "best-accuracy")),
+        ("failures", failures),
         ("failed seeds", lambda st: ", ".join(map(str, st["seeds-failed"])) or "-")]
     title = _title(overrides, n).rsplit(",", 1)[0]
     lines = [f"Same partitions and seed for every method within a seed: {title}, "
@@ -340,5 +393,7 @@ def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n
              "(mean ± sample std over seeds).", "",
              *md_table(["method", *(h for h, _ in cols)],
                        [[m, *(cell(st) for _, cell in cols)] for m, st in summary.items()]),
-             *exceptions(summary)]
-    return "\n".join(lines + (["", ACC_NOTE] if client else []))
+             *exceptions(summary), *skipped_rounds({
+                 f"{m} (seed {s})": {"rounds": st["rounds"][s], "rounds-aggregated": a}
+                 for m, st in summary.items() for s, a in st.get("rounds-aggregated", {}).items()})]
+    return "\n".join(lines + notes(client, stream))

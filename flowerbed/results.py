@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -118,12 +119,14 @@ class RunDir:
         summary["run-dir"] = str(self.path)
         write_json_atomic(self.path / "summary.json", summary)
         try:
-            curves = {self.path.name: self.rows}
-            if any(r.get("pre-accuracy") is not None for r in self.rows):  # Fed-ADE's stricter
-                curves["predict-then-update"] = [  # variant, drawn on the same axes
-                    {"round": r["round"], "accuracy": r["pre-accuracy"]} for r in self.rows
-                    if r.get("pre-accuracy") is not None]
-            plot_curves(curves, self.path / "accuracy.png", title=self.path.name)
+            if any(r.get("pre-accuracy") is not None for r in self.rows):  # a stream: Fed-ADE
+                online, pre = time_step_curves(self.rows)
+                plot_curves({"online accuracy": online, "predict-then-update": pre},
+                            self.path / "accuracy.png", title=self.path.name,
+                            xlabel="time step", ylabel="accuracy (all clients' batches)")
+            else:
+                plot_curves({self.path.name: self.rows}, self.path / "accuracy.png",
+                            title=self.path.name)
         except Exception as e:  # noqa: BLE001 - a plot must never lose a finished run
             log.warning("could not plot accuracy: %s", e)
         return summary
@@ -178,20 +181,38 @@ def progress_line(row: dict[str, Any]) -> str:
         return "-" if v is None else format(v, fmt)
 
     if row["round"] == 0:
+        if row.get("accuracy") is None:  # personalised, ensemble and stream methods
+            return f"[round 0/{row.get('rounds', '?')}] initial model: not scored on the server"
         return (f"[round 0/{row.get('rounds', '?')}] initial model: acc {f('accuracy', '.4f')} "
                 f"loss {f('loss', '.4f')}")
+    stream = "" if row.get("time-step") is None else (  # Fed-ADE: its step, rate and risk
+        f" | step {row['time-step']:.0f} lr {f('lr', '.2e')} risk {f('risk', '.4f')}"
+        f"{'' if row.get('pre-accuracy') is None else ' pre-acc ' + f('pre-accuracy', '.4f')}")
     return (f"[round {row['round']}/{row.get('rounds', '?')}] "
             f"acc {f('accuracy', '.4f')} loss {f('loss', '.4f')} | "
-            f"train-loss {f('train-loss', '.4f')} client-acc {f('client-accuracy', '.4f')} | "
+            f"train-loss {f('train-loss', '.4f')} client-acc {f('client-accuracy', '.4f')}{stream} | "
             f"clients ok {row.get('clients-ok', 0)}/{row.get('clients-sampled', 0)} | "
             f"up {size(row.get('bytes-up', 0))} down {size(row.get('bytes-down', 0))}"
             f" | {f('seconds', '.1f')} s")
 
 
+def time_step_curves(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A stream's rows (Fed-ADE) by time step, 1-based, from each row's ``time-step``: the
+    online accuracy (a step's last round) and the predict-then-update accuracy of the same step
+    (its first round), as rows for :func:`plot_curves`."""
+    at = [r for r in rows if r.get("time-step") is not None]
+    return ([{"round": round(r["time-step"]) + 1, "accuracy": r["accuracy"]} for r in at
+             if r.get("accuracy") is not None],
+            [{"round": round(r["time-step"]) + 1, "accuracy": r["pre-accuracy"]} for r in at
+             if r.get("pre-accuracy") is not None])
+
+
 def plot_curves(curves: dict[str, list[dict[str, Any]]], out: Path, title: str = "",
-                key: str = "accuracy", xlabel: str = "round", ylabel: str | None = None) -> Path:
+                key: str = "accuracy", xlabel: str = "round", ylabel: str | None = None,
+                note: str = "") -> Path:
     """One line per run of ``key`` (accuracy by default: each run's own measure) against the rows' ``round``
-    (which a caller may fill with another index, e.g. Fed-ADE's time step, named by ``xlabel``)."""
+    (which a caller may fill with another index, e.g. Fed-ADE's time step, named by ``xlabel``);
+    ``note`` goes under the axes (e.g. the runs that failed and are not drawn)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -207,10 +228,13 @@ def plot_curves(curves: dict[str, list[dict[str, Any]]], out: Path, title: str =
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds, not 1.2, 1.4, ...
     # "accuracy", not "test accuracy": personalised methods plot their clients' local test splits
     ax.set_ylabel(ylabel or key)
-    ax.set_title(title)
+    ax.set_title("\n".join(textwrap.wrap(title, 70, break_on_hyphens=False)), fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    if ax.lines:
+        ax.legend(fontsize=8)
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=7, color="firebrick")
+    fig.tight_layout(rect=(0, 0.04 if note else 0, 1, 1))
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out

@@ -125,7 +125,7 @@ def test_seeds_table_reads_summaries_read_back_from_json():
 
     summary = {"fedx": seed_stats({0: {"final-accuracy": 0.85}, 1: {"final-accuracy": 0.86}})}
     for s in (summary, json.loads(json.dumps(summary))):
-        assert "| fedx | 85.50 ± 0.71 | 85.00, 86.00 |" in seeds_table(s, {}, 10, [0, 1])
+        assert "| fedx | 85.50 ± 0.71 | 85.00 (s0), 86.00 (s1) |" in seeds_table(s, {}, 10, [0, 1])
 
 
 def test_readme_blocks_are_rendered_from_the_results():

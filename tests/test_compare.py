@@ -76,8 +76,8 @@ def test_compare_seeds_runs_every_seed_and_averages(tmp_path, fake_engine):
     assert fedavg["final-accuracy-std"] == pytest.approx(0.04 / 2 ** 0.5)
     assert res["summary"]["fedprox"]["seeds-failed"] == [1]  # left out of its mean, not lost
     assert res["summary"]["fedprox"]["final-accuracy-mean"] == pytest.approx(0.70)
-    assert "| fedavg | 82.00 ± 2.83 | 80.00, 84.00 | 82.00 ± 2.83 | - |" in table
-    assert "| fedprox | 70.00 | 70.00 | 70.00 | 1 |" in table
+    assert "| fedavg | 82.00 ± 2.83 | 80.00 (s0), 84.00 (s1) | 82.00 ± 2.83 | 0 | - |" in table
+    assert "| fedprox | 70.00 | 70.00 (s0) | 70.00 | 0 | 1 |" in table
     assert (tmp_path / "table.md").read_text().strip() == table
     assert (tmp_path / "accuracy.png").stat().st_size > 1000
     assert (tmp_path / "seed-1" / "table.md").exists()  # every seed keeps its own comparison
@@ -91,6 +91,31 @@ def test_compare_seeds_runs_every_seed_and_averages(tmp_path, fake_engine):
     assert len(seen) == 5
     curve = cmp.mean_curve([[{"round": 1, "accuracy": 0.8}], [{"round": 1, "accuracy": 0.84}]])
     assert curve == [{"round": 1, "accuracy": pytest.approx(0.82)}]
+    curve = cmp.mean_curve([[{"round": 0, "accuracy": 0.1}, {"round": 1, "client-accuracy": 0.5}],
+                            [{"round": 1, "accuracy": 0.8, "client-accuracy": 0.7}]])
+    assert curve == [{"round": 0, "accuracy": 0.1},  # each key over the runs that have it
+                     {"round": 1, "accuracy": 0.8, "client-accuracy": pytest.approx(0.6)}]
+
+
+def test_seed_tables_show_a_streams_mean_accuracy_failures_and_skipped_rounds():
+    """Found by a review: a Fed-ADE comparison tabled only the last step's accuracy (its result
+    is the mean over time steps), and the seed table dropped failures and skipped rounds."""
+    def run(final, mean, pre, aggregated=4, failures=0):
+        return {"method": "fedade", "final-accuracy": final, "best-accuracy": final,
+                "mean-accuracy": mean, "mean-pre-accuracy": pre, "rounds": 4,
+                "rounds-aggregated": aggregated, "client-failures-total": failures}
+
+    summary = {"fedade": cmp.seed_stats({0: run(0.56, 0.60, 0.58), 1: run(0.58, 0.62, 0.60)}),
+               "fedade@lr=0.1": cmp.seed_stats({0: run(0.56, 0.50, 0.49, 3, 2), 1: run(0.56, 0.52, 0.51)})}
+    table = cmp.seeds_table(summary, {"num-server-rounds": 4, "train-samples": 600}, 3, [0, 1])
+    assert "| method | mean online acc % | mean pre-update acc % | final acc % |" in table
+    assert "| fedade | 61.00 ± 1.41 | 59.00 ± 1.41 | 57.00 ± 1.41 |" in table
+    assert "| 2 | - |" in table.splitlines()[5]  # fedade@lr=0.1: 2 failures over its seeds
+    assert "Rounds skipped" in table and "fedade@lr=0.1 (seed 0) (1 of 4)" in table
+    assert "train-samples 600" in table and cmp.STREAM_NOTE in table
+    one = cmp.markdown_table({"fedade": run(0.56, 0.60, 0.58), "fedavg": {"final-accuracy": 0.7}},
+                             {"num-server-rounds": 4}, 3)
+    assert "| fedade | 60.00 | 58.00 | 56.00 |" in one and "| fedavg | - | - | 70.00 |" in one
 
 
 @pytest.mark.parametrize("argv,said", [
@@ -240,7 +265,7 @@ def test_tables_put_every_method_on_the_clients_test_splits_too():
     assert "client acc" not in plain and "| fedavg | 50.00 | - (None) |" in plain
     summary = {"fedavg": cmp.seed_stats({0: fedavg, 1: {**fedavg, "final-client-accuracy": 0.59}})}
     table = cmp.seeds_table(json.loads(json.dumps(summary)), {}, 20, [0, 1])
-    assert "| fedavg | 56.00 ± 0.00 | 56.00, 56.00 | 58.00 ± 1.41 | 56.00 ± 0.00 | - |" in table
+    assert "| fedavg | 56.00 ± 0.00 | 56.00 (s0), 56.00 (s1) | 58.00 ± 1.41 | 56.00 ± 0.00 | 0 | - |" in table
 
 
 def test_compare_exits_1_naming_the_failed_runs(tmp_path, fake_engine, capsys, caplog):
@@ -418,6 +443,40 @@ def test_progress_line_shows_small_traffic_in_kb():
 
     line = progress_line({"round": 1, "bytes-up": 44_000, "bytes-down": 6_650_000})
     assert "up 44.0 kB down 6.7 MB" in line
+
+
+def test_progress_line_of_a_stream_and_of_a_model_not_scored_on_the_server():
+    """Found by a review: Fed-ADE's lines were '-' on every round (its rate, risk and
+    predict-then-update accuracy never shown), round 0 of fedfew 'acc - loss -'."""
+    from flowerbed.results import progress_line
+
+    line = progress_line({"round": 1, "rounds": 4, "time-step": 0.0, "lr": 1e-5, "risk": 0.7,
+                          "pre-accuracy": 0.625})
+    assert "| step 0 lr 1.00e-05 risk 0.7000 pre-acc 0.6250 |" in line
+    assert progress_line({"round": 0, "rounds": 4}).endswith("initial model: not scored on the server")
+    assert "acc 0.1000" in progress_line({"round": 0, "rounds": 4, "accuracy": 0.1})
+
+
+def test_time_step_curves_put_both_accuracies_at_their_step():
+    """Found by a review: a Fed-ADE run's plot drew predict-then-update at each step's first
+    round and online accuracy at its last, rounds-per-step - 1 apart."""
+    from flowerbed.results import time_step_curves
+
+    rows = [{"round": 0}, {"round": 1, "time-step": 0.0, "pre-accuracy": 0.5},
+            {"round": 2, "time-step": 0.0, "accuracy": 0.6},
+            {"round": 3, "time-step": 1.0, "pre-accuracy": 0.55},
+            {"round": 4, "time-step": 1.0, "accuracy": 0.65}]
+    online, pre = time_step_curves(rows)
+    assert online == [{"round": 1, "accuracy": 0.6}, {"round": 2, "accuracy": 0.65}]
+    assert pre == [{"round": 1, "accuracy": 0.5}, {"round": 2, "accuracy": 0.55}]
+
+
+def test_failure_reasons_lose_flowers_trailing_repr_mark():
+    from flowerbed.strategies.base import short_reason
+
+    reason = ("Traceback ...\n\nException ClientAppException occurred. Message: injected fault: "
+              "partition 1 raises in round 1'>")
+    assert short_reason(reason).endswith("raises in round 1")
 
 
 def test_review_of_the_session_s_own_fixes(tmp_path, capsys, monkeypatch):

@@ -208,6 +208,22 @@ def test_fedrep_refuses_a_body_that_is_not_the_whole_body():
     assert "unexpected ['fc2.weight']" in failed[1] and "is empty" in failed[2]
 
 
+def test_fedfew_counts_the_clients_choices_instead_of_averaging_model_indices():
+    """Found by a review: 'client-chosen-model' was the weighted mean of the indices (0.45)."""
+    cfg = Config.from_run_config({"method": "fedfew", "num-models": 3, "min-clients": 1})
+    s = FedFewStrategy(cfg)
+    msgs = [sent(n, mtype="evaluate") for n in (100, 101, 102)]
+    prepared(s, [100, 101, 102])
+    s._sent = msgs
+    reps = [reply(m, RecordDict({"m": MetricRecord({"num-examples": 10, "accuracy": 0.5,
+                                                    "chosen-model": k})}))
+            for m, k in zip(msgs, (0, 2, 2), strict=True)]
+    metrics = s.aggregate_evaluate(1, reps)
+    assert "chosen-model" not in metrics
+    assert [metrics[f"model-{k}-chosen"] for k in range(3)] == [1, 0, 2]
+    assert s.round.eval_metrics["model-2-chosen"] == 2
+
+
 def test_fedrep_sends_the_head_only_to_a_client_without_its_own():
     """The head travels down until the client's training reply shows it filed its own; a client
     that replies with an error (its state may be lost) gets the whole model again."""

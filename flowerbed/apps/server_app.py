@@ -188,6 +188,8 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         "mean-pre-accuracy": _mean([r.get("pre-accuracy") for r in rows[1:]]),
         "bytes-up-total": sum(r.get("bytes-up", 0) for r in rows),
         "bytes-down-total": sum(r.get("bytes-down", 0) for r in rows),
+        "bytes-up-eval-total": sum(r.get("bytes-up-eval", 0) for r in rows),
+        "bytes-down-eval-total": sum(r.get("bytes-down-eval", 0) for r in rows),
         "client-failures-total": sum(r.get("clients-failed", 0) for r in rows),
         "bytes-up-per-client-round": _per_client_round(rows, "bytes-up"),
         "server-device": str(device),

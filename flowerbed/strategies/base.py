@@ -85,7 +85,8 @@ def metric_kind(value: Any) -> str:
 def short_reason(reason: str) -> str:
     """The last meaningful line of a (possibly 1 kB Ray traceback) error reason."""
     lines = [ln.strip() for ln in str(reason).strip().splitlines() if ln.strip()]
-    return lines[-1][:300] if lines else "unknown error"
+    # (Flower ends a ClientApp's exception with the "'>" of the repr it was cut from)
+    return lines[-1].removesuffix("'>")[:300] if lines else "unknown error"
 
 
 @dataclass
@@ -451,9 +452,9 @@ class FlowerbedFedAvg(FedAvg):
             self._fail(pid, self._sender(r, destinations)[0], phase, problem)
             rejected.append(r)
         valid = [v for i, v in enumerate(valid) if i not in mismatched]
-        for pid, r in valid:
+        for pid, r in valid:  # per client: "<phase>-<metric>" ("train-loss", not "train-train-loss")
             self.round.clients.setdefault(pid, {}).update(
-                {f"{phase}-{k}" if k != "num-examples" else f"{phase}-examples": v
+                {k if k.startswith(f"{phase}-") else f"{phase}-{k.removeprefix('num-')}": v
                  for k, v in metric_record(r.content).items()})
         if is_train:
             self.round.ok = [pid for pid, _ in valid]
