@@ -43,13 +43,26 @@ def preflight(overrides: dict[str, Any], num_clients: int, gpus: float) -> Confi
     import torch
 
     from flowerbed.datasets.federated import client_partitions
+    from flowerbed.registry import METHODS
+    from flowerbed.results import writable_folder
 
     cfg = Config.from_run_config(overrides)
     if gpus > 0 and not torch.cuda.is_available():
         raise ConfigError("--gpus-per-client", gpus, "this machine has no CUDA GPU; use 0")
+    if gpus > max(torch.cuda.device_count(), 1):  # Ray could place no client
+        raise ConfigError("--gpus-per-client", gpus, f"more than this machine's "
+                          f"{torch.cuda.device_count()} GPUs")
     if num_clients < cfg.min_clients:
         raise ConfigError("--num-clients", num_clients, f"must be >= min-clients ({cfg.min_clients})")
-    client_partitions(cfg, num_clients)
+    try:
+        client_partitions(cfg, num_clients)
+    except ConfigError as e:  # the launcher's clients are its partitions
+        if e.key != "num-partitions":
+            raise
+        raise ConfigError("--num-clients", num_clients, e.allowed) from None
+    METHODS[cfg.method].strategy(cfg).check_setup(num_clients)  # what the ServerApp checks first
+    if cfg.client_state_dir:  # the clients run here: they file their state there
+        writable_folder("client-state-dir", cfg.client_state_dir)
     return cfg
 
 
@@ -60,18 +73,22 @@ def resume_overrides(run_dir: str) -> tuple[dict[str, Any], int]:
     path = Path(run_dir).expanduser().resolve()
     try:
         saved = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError("--resume", run_dir, f"no readable config.json in {path} ({e})") from None
+        n = int(saved.get("num-partitions", 0))
+    except (OSError, json.JSONDecodeError, AttributeError, TypeError, ValueError) as e:
+        raise ConfigError("--resume", run_dir, f"no readable config.json in {path} "
+                          f"({type(e).__name__}: {e})") from None
     keys = set(defaults())
     rc = {k: v for k, v in saved.items() if k in keys}
     rc.update({"resume": str(path), "output-dir": str(path.parent), "run-name": path.name})
-    return rc, int(saved.get("num-partitions", 0))
+    return rc, n
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from flowerbed import engine
 
     overrides = _overrides(args)
+    if overrides.get("resume") and not args.resume:  # -c resume='<dir>': the same as --resume
+        args.resume = overrides.pop("resume")
     if args.resume:  # the original run's config; -c may still change num-server-rounds & co.
         saved, n = resume_overrides(args.resume)
         for key in ("output-dir", "run-name", "resume"):
@@ -107,9 +124,9 @@ def place_run(overrides: dict[str, Any], cfg: Config, kind: str = "") -> None:
     """Where a run of ``cfg`` lands, set in ``overrides``: an absolute output-dir, and a run-name
     (method, ``kind``, time) where none is given ("" too: the launcher must know where the run
     lands); then the refusals the ServerApp would make there, before anything starts."""
-    from flowerbed.results import new_folder
+    from flowerbed.results import new_folder, writable_folder
 
-    overrides["output-dir"] = str(Path(cfg.output_dir).expanduser().resolve())
+    overrides["output-dir"] = str(writable_folder("output-dir", cfg.output_dir).resolve())
     if not overrides.get("run-name"):
         stem = "-".join([cfg.method, *([kind] if kind else [])])
         overrides["run-name"] = new_folder(Path(overrides["output-dir"]), stem).name
@@ -153,6 +170,7 @@ def _seeds(text: str) -> list[int]:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from flowerbed.compare import compare
+    from flowerbed.results import writable_folder
 
     overrides = compare_overrides(args)
     args.num_clients = 10 if args.num_clients is None else args.num_clients
@@ -167,12 +185,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     check_labels(methods, seeds)
     for m in methods:
         variant = parse_variant(m)[1]
+        if {**overrides, **variant}.get("resume"):
+            raise ConfigError("resume", {**overrides, **variant}["resume"], "compare continues a "
+                              "comparison with --out <its folder> --resume, not a run's resume key")
         for s in seeds or [variant.get("seed", overrides["seed"])]:
             preflight({**overrides, **variant, "seed": s}, args.num_clients, args.gpus_per_client)
     from flowerbed.engine import federation_config
 
     federation_config(args.num_clients, args.cpus_per_client, args.gpus_per_client)  # refused
-    out = Path(args.out) if args.out else default_out()  # here, before a folder is made
+    out = writable_folder("--out", args.out) if args.out else default_out()  # before a folder is made
     kw = {"num_clients": args.num_clients, "cpus_per_client": args.cpus_per_client,
           "gpus_per_client": args.gpus_per_client, "out": out, "resume": args.resume}
     table = compare_seeds(methods, overrides, seeds, **kw) if seeds else compare(methods, overrides, **kw)
@@ -200,7 +221,11 @@ def cmd_partitions(args: argparse.Namespace) -> int:
     print("client " + "".join(f"{c:>{width}}" for c in range(train.num_classes)) + f"{'total':>8}")
     for i, row in enumerate(hist):
         print(f"{i:>6} " + "".join(f"{v:>{width}}" for v in row) + f"{row.sum():>8}")
-    out = Path(args.out or f"partitions-{cfg.dataset}-{str(cfg.partition).replace(':', '')}.png")
+    name = f"partitions-{cfg.dataset}-{str(cfg.partition).replace(':', '')}.png"
+    out = Path(args.out or name).expanduser()
+    out = out / name if out.is_dir() else out  # a folder: the default name in it
+    if out.suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise ConfigError("--out", args.out, "a .png, .pdf or .svg file, or a folder")
     out.parent.mkdir(parents=True, exist_ok=True)
     plot_histogram(train.y.numpy(), parts, out, f"{cfg.dataset} {cfg.partition} (seed {cfg.seed})")
     print(f"plot: {out.resolve()}")
@@ -226,6 +251,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from flowerbed import certs, deploy
 
     home = Path(args.home) if args.home else deploy.DEFAULT_HOME
+    if args.action in ("certs", "up"):
+        deploy.check_address(args.address)
     if args.action == "certs":
         hosts = list(dict.fromkeys([*certs.DEFAULT_HOSTS, args.address, *args.host]))
         out = Path(args.out or home / "certs")
@@ -259,6 +286,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                                   "client-0 ... client-<n-1>")
             args.num_clients = len(ids)
         args.num_clients = 2 if args.num_clients is None else args.num_clients
+        if args.num_clients < 1:
+            raise ConfigError("--num-clients", args.num_clients, "must be >= 1 (one SuperNode each)")
         data_root = str(Path(args.data_root).expanduser().resolve()) if args.data_root else ""
         extra = [{"data-root": data_root,  # SuperNodes run in the project folder, not here
                   "data-dir": str(Path(args.data_dirs).resolve() / f"client-{i}") if args.data_dirs else ""}

@@ -169,7 +169,11 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
     done, stopped = finished_rounds(run_dir), (run_dir / FILE).exists()
     if (done is None and not stopped) or not (run_dir / "config.json").exists():
         return "fresh"
-    saved = json.loads((run_dir / "config.json").read_text())
+    try:
+        saved = dict(json.loads((run_dir / "config.json").read_text()))
+    except (OSError, ValueError, TypeError) as e:  # (a JSONDecodeError is a ValueError)
+        raise ConfigError("--resume", str(run_dir), f"its config.json is unreadable ({e}); move "
+                          "the folder aside to run that method afresh") from None
     current = {**Config.from_run_config(rc).to_run_config(), "num-partitions": num_clients}
     if diff := config_changes(saved, current):
         shown = ", ".join(diff[:5])

@@ -26,6 +26,9 @@ FEDX_BASES = ("simclr", "byol")
 DISTILL_METHODS = ("fedcc", "feddf", "fedmd")
 #: methods scored by personalised accuracy on the clients' local test splits
 PERSONAL_METHODS = ("fedfew", "ifca", "fedrep", "local", "fedavg-ft")
+#: self-supervised methods: trained on pairs of views, scored by a linear probe
+SSL_METHODS = ("fedsimclr", "fedbyol", "fedu", "fedx")
+MAX_EPSILON = 1e5  # FedXDS: a larger budget is no privacy (give fedxds-sigma for weak noise)
 
 
 class ConfigError(ValueError):
@@ -62,6 +65,10 @@ def parse_overrides(items: list[str], source: str) -> dict[str, Any]:
         elif stray := _PAIR.sub(" ", item).split():
             raise ConfigError(source, item, f"{' '.join(stray)!r} is not a key=value pair (no "
                               "spaces around '='; strings need quotes, e.g. partition='iid')")
+        else:
+            keys = [k for k, _ in _PAIR.findall(item)]
+            if twice := sorted({k for k in keys if keys.count(k) > 1}):
+                raise ConfigError(source, item, f"{', '.join(twice)} given twice")
     try:
         return parse_config_args(items)
     except Exception as e:  # noqa: BLE001 - flwr raises click's exception for a malformed string
@@ -305,7 +312,10 @@ class Config:
             raise ConfigError("fedxds-share-fraction", self.fedxds_share_fraction, "must be in (0, 1]")
         if not 0 < self.fedxds_delta < 1:
             raise ConfigError("fedxds-delta", self.fedxds_delta, "must be in (0, 1)")
-        if self.fedxds_epsilon < 0 or (self.fedxds_epsilon == 0 and not self.fedxds_sigma > 0):
+        if not 0 <= self.fedxds_epsilon <= MAX_EPSILON:  # opacus' search never ends at 1e15
+            raise ConfigError("fedxds-epsilon", self.fedxds_epsilon, f"must be in [0, {MAX_EPSILON:g}] "
+                              "(0: noise from fedxds-sigma)")
+        if self.fedxds_epsilon == 0 and not self.fedxds_sigma > 0:
             raise ConfigError("fedxds-sigma", self.fedxds_sigma,
                               "noise is mandatory: give sigma > 0 or epsilon > 0")
         if self.method == "fedxds" and self.fedxds_warmup_rounds >= self.num_server_rounds:
@@ -332,6 +342,12 @@ class Config:
             near = sorted({max(k, r // k * k), (r // k + 1) * k})
             raise ConfigError("num-server-rounds", r, f"must be a multiple of fedade-rounds-per-step "
                               f"({k}), e.g. {' or '.join(map(str, near))}")
+        if self.method in SSL_METHODS and self.batch_size < 2:  # a contrastive pair needs two
+            raise ConfigError("batch-size", self.batch_size, f"{self.method} needs at least 2 "
+                              "images a batch (a batch of one is skipped: nothing would train)")
+        if "/" in self.run_name or self.run_name in (".", ".."):
+            raise ConfigError("run-name", self.run_name, "a folder name inside output-dir, "
+                              "without '/' (set output-dir for another place)")
         if self.seed < 0:  # numpy's SeedSequence takes non-negative integers only
             raise ConfigError("seed", self.seed, "must be >= 0")
         if not 0 <= self.fault_fraction <= 1:
@@ -375,7 +391,11 @@ class Config:
         if self.fedxds_epsilon > 0:
             from flowerbed.privacy import sigma_for
 
-            return sigma_for(self.fedxds_epsilon, self.fedxds_delta)
+            try:
+                return sigma_for(self.fedxds_epsilon, self.fedxds_delta)
+            except ValueError as e:  # opacus: "The privacy budget is too low."
+                raise ConfigError("fedxds-epsilon", self.fedxds_epsilon, f"opacus finds no noise "
+                                  f"level for it at fedxds-delta = {self.fedxds_delta:g} ({e})") from None
         return self.fedxds_sigma
 
     def to_run_config(self) -> dict[str, Any]:
@@ -408,13 +428,26 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
         if name == "int":
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError
-            return int(value)
-        if name == "float":
-            return float(value)
-        if name in ("str", "Partition"):
+            out = int(value)
+        elif name == "float":
+            out = float(value)
+        elif name in ("str", "Partition"):
             if not isinstance(value, str):
                 raise ValueError
+            out = value
+        else:
             return value
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(key, value, f"expected a value of type {name}") from None
-    return value
+    if name == "int" and not -INT_LIMIT < out < INT_LIMIT:  # Flower, numpy and torch take 64 bits;
+        raise ConfigError(key, value, "must be below 2**31 in size")  # seeds are combined below
+    if name == "float" and math.isfinite(out) and abs(out) > FLOAT_LIMIT:
+        raise ConfigError(key, value, f"out of range: at most {FLOAT_LIMIT:g} in size (models and "
+                          "data are float32)")
+    if isinstance(out, str) and '"' in out:
+        raise ConfigError(key, value, "a string value may not contain '\"' (Flower's run config "
+                          "cannot carry it)")
+    return out
+
+
+INT_LIMIT, FLOAT_LIMIT = 2 ** 31, 1e30

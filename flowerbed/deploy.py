@@ -215,6 +215,26 @@ def register_node(dep: Deployment, i: int) -> None:
 WILDCARD = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 
+def check_address(address: str) -> None:
+    """``--address``: a host name or IP address this machine resolves, without a port."""
+    import ipaddress
+    import socket
+
+    from flowerbed.config import ConfigError
+
+    host = address.strip("[]")
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(host)
+        return
+    if ":" in host:
+        raise ConfigError("--address", address, "a host name or IP address, without the port "
+                          "(give the port with --port)")
+    try:
+        socket.getaddrinfo(host, None)
+    except OSError as e:
+        raise ConfigError("--address", address, f"this machine cannot resolve it ({e})") from None
+
+
 def bind_for(address: str) -> str:
     """The interface a SuperLink reached at ``address`` listens on: the loopback where the
     address is the loopback (nothing else can reach it), else all interfaces (a SuperLink bound

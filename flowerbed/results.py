@@ -147,6 +147,20 @@ def new_folder(parent: Path, stem: str) -> Path:
             n += 1
 
 
+def writable_folder(key: str, path: str | Path) -> Path:
+    """``path`` where a folder can be (or is) written, made nowhere yet; a ConfigError naming
+    ``key`` when it, or the nearest part of it that exists, is a file or read-only."""
+    from flowerbed.config import ConfigError
+
+    p = Path(path).expanduser().absolute()
+    first = next(a for a in (p, *p.parents) if a.exists() or a == a.parent)
+    if not first.is_dir():
+        raise ConfigError(key, str(path), f"{first} is a file, not a folder")
+    if not os.access(first, os.W_OK | os.X_OK):
+        raise ConfigError(key, str(path), f"{first} is a folder this user cannot write to")
+    return p
+
+
 def refuse_existing(run_dir: Path) -> None:
     """A new run never goes into a directory that holds a run's metrics (a ConfigError)."""
     metrics = Path(run_dir) / "metrics.jsonl"

@@ -134,11 +134,46 @@ def test_seed_tables_show_a_streams_mean_accuracy_failures_and_skipped_rounds():
      "would share the run folder fedavg_lr_0.1_momentum_0.5"),
     (["compare", "--methods", "fedavg,fedavg@seed=7", "--seeds", "0,1"], "cannot be compared over"),
     (["compare", "--methods", "fedavg@seed=-1"], "'seed' = -1"),  # the variant's seed is checked
+    # found by a bad-input sweep (each was a traceback, a late failure or a misleading message)
+    (["run", "-c", "lr=0.05 lr=0.1"], "lr given twice"),
+    (["compare", "--methods", "fedavg@lr=0.1@lr=0.2"], "lr given twice"),
+    (["compare", "--methods", "fedavg@resume='/tmp'"], "'resume' = '/tmp'"),
+    (["run", "--cpus-per-client", "1000"], "more than this machine's"),
+    (["compare", "--methods", "fedavg", "--out", "/etc/passwd"], "/etc/passwd is a file"),
+    (["run", "-c", "output-dir='/etc/passwd'"], "/etc/passwd is a file"),
+    (["run", "-c", "method='fedxds' fedxds-epsilon=0.05 num-server-rounds=4 train-samples=500"],
+     "opacus finds no noise level"),
+    (["run", "-c", "method='fedade' fedade-shift='covariate' fedade-batch=1000 "
+      "num-server-rounds=2 train-samples=500 fedade-rounds-per-step=1"], "'fedade-batch' = 1000"),
+    (["run", "--num-clients", "501", "-c", "train-samples=500"], "'--num-clients' = 501"),
+    (["partitions", "--out", "p.txt"], "a .png, .pdf or .svg file"),
+    (["deploy", "up", "--address", "127.0.0.1:9000"], "without the port"),
+    (["deploy", "up", "--num-clients", "0"], "'--num-clients' = 0"),
 ])
 def test_malformed_command_lines_get_one_line_not_a_traceback(argv, said, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_malformed_saved_configs_and_resume_by_key_are_one_line(tmp_path, capsys):
+    """Found by a bad-input sweep: a config.json holding a list, or a bad num-partitions, was a
+    traceback; `-c resume='<dir>'` skipped the launcher's resume checks and ran 25 s to fail."""
+    bad = tmp_path / "r"
+    bad.mkdir()
+    for text in ("[1, 2]", '{"num-partitions": "x"}'):
+        (bad / "config.json").write_text(text)
+        for argv in (["run", "--resume", str(bad)], ["run", "-c", f"resume='{bad}'"]):
+            assert cli.main(argv) == 2
+            err = capsys.readouterr().err
+            assert "no readable config.json" in err and "Traceback" not in err
+    (bad / "config.json").write_text("{")
+    (bad / "checkpoint.pt").write_bytes(b"x")
+    with pytest.raises(ConfigError, match="its config.json is unreadable"):
+        cmp.earlier_run(bad, {"method": "fedavg"}, 2)
+    assert cli.main(["partitions", "--num-clients", "2", "-c", "train-samples=500", "--out",
+                     str(tmp_path)]) == 0  # a folder: the default name in it
+    assert list(tmp_path.glob("partitions-fashion-mnist-*.png"))
 
 
 def test_resume_refuses_another_client_count(tmp_path, capsys):
@@ -418,9 +453,9 @@ def test_unusable_paths_are_one_line_and_a_plot_gets_its_folder(tmp_path, capsys
     """Found by a README walk-through: output-dir naming a file ended in NotADirectoryError's
     traceback, and `partitions --out` into a folder not there yet in FileNotFoundError's."""
     (tmp_path / "afile").write_text("")
-    assert cli.main(["run", "-c", f"output-dir='{tmp_path / 'afile'}'"]) == 1
+    assert cli.main(["run", "-c", f"output-dir='{tmp_path / 'afile'}'"]) == 2  # bad input
     err = capsys.readouterr().err
-    assert err.startswith("flowerbed: error:") and "afile" in err and "Traceback" not in err
+    assert err.startswith("flowerbed: error:") and "afile is a file" in err and "Traceback" not in err
     out = tmp_path / "new" / "folder" / "p.png"
     assert cli.main(["partitions", "--num-clients", "3", "--out", str(out), "-c",
                      "train-samples=600"]) == 0

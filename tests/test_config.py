@@ -44,8 +44,16 @@ def test_defaults_come_from_pyproject():
     ("fedade-ber-p", 1.5, "[0, 1]"),
     ("fedade-ber-p", float("nan"), "[0, 1]"),
     # NaN and inf used to pass: epsilon=nan fell back to sigma silently, inf gave sigma 10
-    ("fedxds-epsilon", float("nan"), "finite number >= 0"),
-    ("fedxds-epsilon", float("inf"), "finite number >= 0"),
+    ("fedxds-epsilon", float("nan"), "must be in [0, 100000]"),
+    ("fedxds-epsilon", float("inf"), "must be in [0, 100000]"),
+    # found by a bad-input sweep: each failed late, named another key, or hung the run
+    ("fedxds-epsilon", -1.0, "must be in [0, 100000]"),  # blamed fedxds-sigma
+    ("fedxds-epsilon", 1e15, "must be in [0, 100000]"),  # opacus' search never ended
+    ("seed", 2 ** 63, "below 2**31"),  # Flower's "Value out of range", no key named
+    ("lr", 1e308, "out of range"),  # every client: "cannot be converted to type float"
+    ("data-root", '/tmp/a"b', "may not contain"),  # refused only once the SuperLink ran
+    ("run-name", "../elsewhere", "without '/'"),  # wrote outside output-dir
+    ("run-name", "..", "without '/'"),
     ("fedade-fixed-lr", float("nan"), "finite number >= 0"),
     ("fedade-lr-max", float("inf"), "finite number >= 0"),
 ])
@@ -54,6 +62,21 @@ def test_bad_values_name_the_key(key, value, needle):
         Config.from_run_config({key: value})
     msg = str(e.value)
     assert f"'{key}'" in msg and needle in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("method", ["fedsimclr", "fedbyol", "fedu", "fedx"])
+def test_contrastive_methods_need_two_images_a_batch(method):
+    """A batch of one is skipped: the run 'finished' with the initial model's accuracy."""
+    with pytest.raises(ConfigError, match="'batch-size' = 1 .* at least 2 images"):
+        Config.from_run_config({"method": method, "batch-size": 1})
+    Config.from_run_config({"method": "fedavg", "batch-size": 1})
+
+
+def test_a_privacy_budget_opacus_cannot_meet_names_the_key():
+    """opacus' 'The privacy budget is too low.' came from inside the ServerApp."""
+    cfg = Config.from_run_config({"method": "fedxds", "fedxds-epsilon": 0.05})
+    with pytest.raises(ConfigError, match="'fedxds-epsilon' = 0.05 .* fedxds-delta = 1e-05"):
+        cfg.resolved_sigma()
 
 
 @pytest.mark.parametrize("method", ["fedavg-ft", "fedfew", "local"])
@@ -111,6 +134,7 @@ def test_presets_are_valid_run_configs(preset):
 
 @pytest.mark.parametrize("cpus,gpus,flag", [(0, 0, "--cpus-per-client"),
                                             (float("nan"), 0, "--cpus-per-client"),
+                                            (1000, 0, "--cpus-per-client"),  # Ray: no actor
                                             (1, -0.5, "--gpus-per-client")])
 def test_client_resources_are_checked_before_ray_starts(cpus, gpus, flag):
     """--cpus-per-client 0 used to reach Ray, which died on a division by zero."""

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
+from flowerbed.config import ConfigError
 from flowerbed.datasets.streams import target_partitions
 from flowerbed.models import is_personal
 from flowerbed.pretrain import confusion, pools, pretrained
@@ -43,6 +44,10 @@ class FedADEStrategy(FedRepStrategy):
     def check_setup(self, num_partitions: int) -> None:
         if self.cfg.fedade_shift == "label":  # every client's target mix must exist
             target_partitions(self.cfg, num_partitions)
+        post = len(pools(self.cfg)[2])  # a covariate step's batch is drawn without replacement
+        if self.cfg.fedade_shift == "covariate" and self.cfg.fedade_batch > post:
+            raise ConfigError("fedade-batch", self.cfg.fedade_batch, f"at most the {post} samples "
+                              "of the post-deployment pool (20% of train-samples)")
 
     def step_of(self, server_round: int) -> tuple[int, int]:
         return divmod(server_round - 1, self.cfg.fedade_rounds_per_step)

@@ -43,6 +43,9 @@ class FedXDSStrategy(FlowerbedFedAvg):
         self._share_round = False
         self._send_pool = False  # set while the main phase's training messages are made
 
+    def check_setup(self, num_partitions: int) -> None:
+        self.cfg.resolved_sigma()  # an (epsilon, delta) opacus finds no noise for: a ConfigError
+
     def describe(self) -> dict:
         """Recorded in config.json: which noise was used and the resulting (ε, δ)."""
         from flowerbed.privacy import epsilon_for
