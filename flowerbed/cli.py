@@ -9,6 +9,7 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -113,24 +114,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     args.num_clients = 10 if args.num_clients is None else args.num_clients
     cfg = preflight(overrides, args.num_clients, args.gpus_per_client)
     fed = engine.federation_config(args.num_clients, args.cpus_per_client, args.gpus_per_client)
-    place_run(overrides, cfg)  # last: it makes the run's folder
-    with engine.local_superlink() as (home, conn):
+    with place_run(overrides, cfg), engine.local_superlink() as (home, conn):  # last: the folder
         summary = engine.flwr_run(home, conn, overrides, fed)
     print(json.dumps(summary, indent=2))
     return 0
 
 
-def place_run(overrides: dict[str, Any], cfg: Config, kind: str = "") -> None:
+@contextlib.contextmanager
+def place_run(overrides: dict[str, Any], cfg: Config, kind: str = "") -> Iterator[None]:
     """Where a run of ``cfg`` lands, set in ``overrides``: an absolute output-dir, and a run-name
     (method, ``kind``, time) where none is given ("" too: the launcher must know where the run
-    lands); then the refusals the ServerApp would make there, before anything starts."""
+    lands); then the refusals the ServerApp would make there, before anything starts. A folder
+    made here that the run leaves empty (its SuperLink did not start, Ctrl-C before round 0) is
+    removed again."""
     from flowerbed.results import new_folder, writable_folder
 
     overrides["output-dir"] = str(writable_folder("output-dir", cfg.output_dir).resolve())
+    made = None
     if not overrides.get("run-name"):
         stem = "-".join([cfg.method, *([kind] if kind else [])])
-        overrides["run-name"] = new_folder(Path(overrides["output-dir"]), stem).name
-    check_run_dir(overrides)
+        made = new_folder(Path(overrides["output-dir"]), stem)
+        overrides["run-name"] = made.name
+    try:
+        check_run_dir(overrides)
+        yield
+    except BaseException:
+        if made is not None:
+            with contextlib.suppress(OSError):
+                made.rmdir()  # only if empty
+        raise
 
 
 def check_run_dir(overrides: dict[str, Any]) -> None:
@@ -304,8 +316,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
               f"flwr run . {deploy.CONNECTION} --stream")
     elif args.action == "run":
         overrides = _overrides(args)
-        place_run(overrides, Config.from_run_config(overrides), "deploy")
-        print(json.dumps(deploy.run(deploy.Deployment.load(home), overrides), indent=2))
+        with place_run(overrides, Config.from_run_config(overrides), "deploy"):
+            print(json.dumps(deploy.run(deploy.Deployment.load(home), overrides), indent=2))
     elif args.action == "status":
         dep = deploy.Deployment.load(home)
         for name, pid in dep.pids.items():

@@ -434,10 +434,15 @@ def test_default_run_folders_are_never_shared(tmp_path):
     names = set()
     for _ in range(3):  # the launcher's default name, three times in (almost surely) one second
         overrides = {"method": "fedavg", "output-dir": str(tmp_path / "runs")}
-        place_run(overrides, Config.from_run_config(overrides))
-        names.add(overrides["run-name"])
-        assert (tmp_path / "runs" / overrides["run-name"]).is_dir()
+        with place_run(overrides, Config.from_run_config(overrides)):
+            names.add(overrides["run-name"])
+            (tmp_path / "runs" / overrides["run-name"] / "metrics.jsonl").write_text("")
     assert len(names) == 3
+    overrides = {"method": "fedavg", "output-dir": str(tmp_path / "runs")}
+    with pytest.raises(KeyboardInterrupt), place_run(overrides, Config.from_run_config(overrides)):
+        raise KeyboardInterrupt  # e.g. the SuperLink did not start: its empty folder goes
+    assert not (tmp_path / "runs" / overrides["run-name"]).exists()
+    assert len(list((tmp_path / "runs").iterdir())) == 3  # the others, not empty, stay
 
 
 def test_plain_flwr_runs_without_a_name_get_distinct_folders(tmp_path):
