@@ -129,7 +129,9 @@ def place_run(overrides: dict[str, Any], cfg: Config, kind: str = "") -> Iterato
     removed again."""
     from flowerbed.results import new_folder, writable_folder
 
-    overrides["output-dir"] = str(writable_folder("output-dir", cfg.output_dir).resolve())
+    out = Path(cfg.output_dir).expanduser()  # where the run writes: its folder if it exists
+    writable_folder("output-dir", out / overrides["run-name"] if overrides.get("run-name") else out)
+    overrides["output-dir"] = str(out.resolve())
     made = None
     if not overrides.get("run-name"):
         stem = "-".join([cfg.method, *([kind] if kind else [])])
@@ -236,8 +238,11 @@ def cmd_partitions(args: argparse.Namespace) -> int:
     name = f"partitions-{cfg.dataset}-{str(cfg.partition).replace(':', '')}.png"
     out = Path(args.out or name).expanduser()
     out = out / name if out.is_dir() else out  # a folder: the default name in it
-    if out.suffix.lower() not in (".png", ".pdf", ".svg"):
-        raise ConfigError("--out", args.out, "a .png, .pdf or .svg file, or a folder")
+    from matplotlib.figure import Figure
+
+    if out.suffix.lower()[1:] not in (kinds := Figure().canvas.get_supported_filetypes()):
+        raise ConfigError("--out", args.out, f"a file matplotlib can write ({', '.join(kinds)}) "
+                          "or a folder")
     out.parent.mkdir(parents=True, exist_ok=True)
     plot_histogram(train.y.numpy(), parts, out, f"{cfg.dataset} {cfg.partition} (seed {cfg.seed})")
     print(f"plot: {out.resolve()}")
@@ -263,8 +268,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from flowerbed import certs, deploy
 
     home = Path(args.home) if args.home else deploy.DEFAULT_HOME
-    if args.action in ("certs", "up"):
-        deploy.check_address(args.address)
+    if args.action in ("certs", "up"):  # a certificate may name a host only the clients resolve
+        deploy.check_address(args.address, resolve=args.action == "up")
     if args.action == "certs":
         hosts = list(dict.fromkeys([*certs.DEFAULT_HOSTS, args.address, *args.host]))
         out = Path(args.out or home / "certs")

@@ -215,8 +215,8 @@ def register_node(dep: Deployment, i: int) -> None:
 WILDCARD = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 
-def check_address(address: str) -> None:
-    """``--address``: a host name or IP address this machine resolves, without a port."""
+def check_address(address: str, resolve: bool = True) -> None:
+    """``--address``: a host name or IP address without a port (that this machine resolves)."""
     import ipaddress
     import socket
 
@@ -230,7 +230,8 @@ def check_address(address: str) -> None:
         raise ConfigError("--address", address, "a host name or IP address, without the port "
                           "(give the port with --port)")
     try:
-        socket.getaddrinfo(host, None)
+        if resolve:
+            socket.getaddrinfo(host, None)
     except OSError as e:
         raise ConfigError("--address", address, f"this machine cannot resolve it ({e})") from None
 

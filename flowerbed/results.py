@@ -199,8 +199,8 @@ def progress_line(row: dict[str, Any]) -> str:
             return f"[round 0/{row.get('rounds', '?')}] initial model: not scored on the server"
         return (f"[round 0/{row.get('rounds', '?')}] initial model: acc {f('accuracy', '.4f')} "
                 f"loss {f('loss', '.4f')}")
-    stream = "" if row.get("time-step") is None else (  # Fed-ADE: its step, rate and risk
-        f" | step {row['time-step']:.0f} lr {f('lr', '.2e')} risk {f('risk', '.4f')}"
+    stream = "" if time_step(row) is None else (  # Fed-ADE: its step, rate and risk
+        f" | step {time_step(row)} lr {f('lr', '.2e')} risk {f('risk', '.4f')}"
         f"{'' if row.get('pre-accuracy') is None else ' pre-acc ' + f('pre-accuracy', '.4f')}")
     return (f"[round {row['round']}/{row.get('rounds', '?')}] "
             f"acc {f('accuracy', '.4f')} loss {f('loss', '.4f')} | "
@@ -214,11 +214,18 @@ def time_step_curves(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
     """A stream's rows (Fed-ADE) by time step, 1-based, from each row's ``time-step``: the
     online accuracy (a step's last round) and the predict-then-update accuracy of the same step
     (its first round), as rows for :func:`plot_curves`."""
-    at = [r for r in rows if r.get("time-step") is not None]
-    return ([{"round": round(r["time-step"]) + 1, "accuracy": r["accuracy"]} for r in at
+    at = [(step, r) for r in rows if (step := time_step(r)) is not None]
+    return ([{"round": t + 1, "accuracy": r["accuracy"]} for t, r in at
              if r.get("accuracy") is not None],
-            [{"round": round(r["time-step"]) + 1, "accuracy": r["pre-accuracy"]} for r in at
+            [{"round": t + 1, "accuracy": r["pre-accuracy"]} for t, r in at
              if r.get("pre-accuracy") is not None])
+
+
+def time_step(row: dict[str, Any]) -> int | None:
+    """A stream's row's time step (0-based): from its training metrics, or from its evaluation's
+    where training was skipped; None outside a stream."""
+    t = row.get("time-step", row.get("client-time-step"))
+    return None if t is None else round(t)
 
 
 def plot_curves(curves: dict[str, list[dict[str, Any]]], out: Path, title: str = "",

@@ -97,6 +97,17 @@ def test_compare_seeds_runs_every_seed_and_averages(tmp_path, fake_engine):
                      {"round": 1, "accuracy": 0.8, "client-accuracy": pytest.approx(0.6)}]
 
 
+def test_comparison_plots_name_failed_runs_and_add_client_accuracy(tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(cmp, "plot_curves", lambda curves, out, **kw: drawn.append(
+        (sorted(curves), out.name, kw.get("key", "accuracy"), kw.get("note"))))
+    rows = [{"round": 1, "accuracy": 0.5}]
+    cmp.plot_comparison({"fedavg": rows}, tmp_path, "t", ["fedprox"])
+    assert drawn == [(["fedavg"], "accuracy.png", "accuracy", "failed, not drawn: fedprox")]
+    cmp.plot_comparison({"fedavg": [{**rows[0], "client-accuracy": 0.6}]}, tmp_path, "t", [])
+    assert drawn[-1] == (["fedavg"], "client-accuracy.png", "client-accuracy", "")
+
+
 def test_seed_tables_show_a_streams_mean_accuracy_failures_and_skipped_rounds():
     """Found by a review: a Fed-ADE comparison tabled only the last step's accuracy (its result
     is the mean over time steps), and the seed table dropped failures and skipped rounds."""
@@ -146,8 +157,10 @@ def test_seed_tables_show_a_streams_mean_accuracy_failures_and_skipped_rounds():
     (["run", "-c", "method='fedade' fedade-shift='covariate' fedade-batch=1000 "
       "num-server-rounds=2 train-samples=500 fedade-rounds-per-step=1"], "'fedade-batch' = 1000"),
     (["run", "--num-clients", "501", "-c", "train-samples=500"], "'--num-clients' = 501"),
-    (["partitions", "--out", "p.txt"], "a .png, .pdf or .svg file"),
+    (["partitions", "--out", "p.txt"], "a file matplotlib can write"),
     (["deploy", "up", "--address", "127.0.0.1:9000"], "without the port"),
+    (["deploy", "up", "--address", "no-such-host.invalid"], "cannot resolve it"),
+    (["run", "-c", "client-state-dir='/etc/passwd/x'"], "/etc/passwd is a file"),
     (["deploy", "up", "--num-clients", "0"], "'--num-clients' = 0"),
 ])
 def test_malformed_command_lines_get_one_line_not_a_traceback(argv, said, capsys):
@@ -506,8 +519,10 @@ def test_time_step_curves_put_both_accuracies_at_their_step():
             {"round": 2, "time-step": 0.0, "accuracy": 0.6},
             {"round": 3, "time-step": 1.0, "pre-accuracy": 0.55},
             {"round": 4, "time-step": 1.0, "accuracy": 0.65}]
+    rows.append({"round": 6, "client-time-step": 2.0, "accuracy": 0.7})  # training skipped
     online, pre = time_step_curves(rows)
-    assert online == [{"round": 1, "accuracy": 0.6}, {"round": 2, "accuracy": 0.65}]
+    assert online == [{"round": 1, "accuracy": 0.6}, {"round": 2, "accuracy": 0.65},
+                      {"round": 3, "accuracy": 0.7}]
     assert pre == [{"round": 1, "accuracy": 0.5}, {"round": 2, "accuracy": 0.55}]
 
 

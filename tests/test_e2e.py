@@ -33,6 +33,10 @@ def test_fedavg_end_to_end(superlink, tmp_path):
     assert last["clients-ok"] == 3 and last["clients-failed"] == 0
     assert last["bytes-up"] > 0 and last["bytes-down"] > 0
     assert set(last["per-client"]) == {"0", "1", "2"}
+    assert set(last["per-client"]["0"]) == {"train-examples", "train-loss", "evaluate-examples",
+                                            "evaluate-loss", "evaluate-accuracy"}
+    assert s1["bytes-down-eval-total"] == sum(r.get("bytes-down-eval", 0) for r in rows) > 0
+    assert s1["bytes-up-eval-total"] == sum(r.get("bytes-up-eval", 0) for r in rows) > 0
     assert 0 <= last["accuracy"] <= 1 and last["client-accuracy"] is not None
     assert s1["final-accuracy"] == last["accuracy"] > rows[0]["accuracy"]
     assert s1["final-client-accuracy"] == last["client-accuracy"]

@@ -259,6 +259,12 @@ def test_fedrep_sends_the_head_only_to_a_client_without_its_own():
     s.aggregate_evaluate(2, [error_reply(s._sent[0])])
     evals = list(s.configure_evaluate(2, model, ConfigRecord(), FakeGrid(nodes)))
     assert sent_keys(evals) == {101: set(layer), 102: {"conv1.weight"}, 103: set(layer)}
+    # found by a review: a new node serving partition 1 has none of the old node's state
+    nodes[1] = 202
+    s.discover(FakeGrid([101, 103]))  # node 102 leaves ...
+    s.node_of[1], s.partition_of[202] = 202, 1  # ... and 202 takes over its partition
+    evals = list(s.configure_evaluate(3, model, ConfigRecord(), FakeGrid(nodes)))
+    assert sent_keys(evals)[202] == set(layer)
 
 
 def test_a_client_without_its_personal_layers_says_so():

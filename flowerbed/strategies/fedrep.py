@@ -4,8 +4,9 @@ Clients keep their personal classifier head in ``context.state`` and upload only
 server's record keeps its initial head only to give clients a starting head: a client gets the
 whole model until a training reply shows it holds its own head, and the body alone after that
 (Fed-ADE, a subclass, does the same with its personal layers). Kept by partition, as the
-clients file their state (:mod:`flowerbed.client_state`), and checkpointed; a client that replies
-with an error (its state may be gone: a new machine) gets the whole model again.
+clients file their state (:mod:`flowerbed.client_state`), and checkpointed; a partition that
+another node serves now, or whose client replied with an error (its state may be gone: a new
+machine), gets the whole model again.
 """
 
 from __future__ import annotations
@@ -26,13 +27,15 @@ class FedRepStrategy(PersonalStrategy):
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.holding: set[int] = set()  # partitions that have filed their personal layers
+        self._holder: dict[int, int] = {}  # partition -> the node that filed them (this run)
 
     def subset_keys(self, key: str, reference: ArrayRecord) -> set[str] | None:
         return {k for k in reference if not is_head(k)}  # the whole body, never the head
 
     def content_for(self, node: int, content: RecordDict) -> RecordDict:
-        key = self.arrayrecord_key
-        if self.partition_of.get(node) not in self.holding or key not in content.array_records:
+        key, pid = self.arrayrecord_key, self.partition_of.get(node)
+        if (pid not in self.holding or self._holder.get(pid, node) != node  # another node now
+                or key not in content.array_records):
             return content
         arrays = content.array_records[key]
         shared = self.subset_keys(key, arrays) or set(arrays)
@@ -43,11 +46,12 @@ class FedRepStrategy(PersonalStrategy):
         replies = list(replies)
         destinations = self._destinations()
         for reply in replies:
-            pid = self._sender(reply, destinations)[1]
+            node, pid = self._sender(reply, destinations)
             if reply.has_error():
                 self.holding.discard(pid)
             elif is_train:  # the client filed its personal layers before it replied
                 self.holding.add(pid)
+                self._holder[pid] = node
         return super()._check_and_log_replies(replies, is_train, validate)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
