@@ -198,12 +198,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     check_labels(methods, seeds)
     for m in methods:
-        variant = parse_variant(m)[1]
-        if {**overrides, **variant}.get("resume"):
-            raise ConfigError("resume", {**overrides, **variant}["resume"], "compare continues a "
-                              "comparison with --out <its folder> --resume, not a run's resume key")
-        for s in seeds or [variant.get("seed", overrides["seed"])]:
-            preflight({**overrides, **variant, "seed": s}, args.num_clients, args.gpus_per_client)
+        rc = {**overrides, **parse_variant(m)[1]}
+        if rc.get("resume"):
+            raise ConfigError("resume", rc["resume"], "compare continues a comparison with --out "
+                              "<its folder> --resume, not a run's resume key")
+        for s in seeds or [rc["seed"]]:
+            preflight({**rc, "seed": s}, args.num_clients, args.gpus_per_client)
     from flowerbed.engine import federation_config
 
     federation_config(args.num_clients, args.cpus_per_client, args.gpus_per_client)  # refused

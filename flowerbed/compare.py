@@ -125,6 +125,10 @@ def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
     return table
 
 
+#: a comparison's own files in its folder (besides the runs' folders and logs)
+TABLES = ("results.json", "table.md", "accuracy.png", "client-accuracy.png")
+
+
 def set_aside(path: Path) -> Path:
     """Rename ``path`` to ``<name>.old-<time>[-n]<suffix>`` next to it; returns the new path."""
     stamp, n = time.strftime("%Y%m%d-%H%M%S"), 1
@@ -154,7 +158,7 @@ def keep_earlier_tables(out: Path, resume: bool, methods: list[str],
             return
         log.warning("compare: the earlier tables also hold %s, which this comparison does not run",
                     ", ".join(map(str, extra)))
-    for f in ("results.json", "table.md", "accuracy.png"):
+    for f in TABLES:
         if (out / f).exists():
             log.warning("compare: the earlier %s was moved to %s", f, set_aside(out / f))
 

@@ -199,8 +199,9 @@ def progress_line(row: dict[str, Any]) -> str:
             return f"[round 0/{row.get('rounds', '?')}] initial model: not scored on the server"
         return (f"[round 0/{row.get('rounds', '?')}] initial model: acc {f('accuracy', '.4f')} "
                 f"loss {f('loss', '.4f')}")
-    stream = "" if time_step(row) is None else (  # Fed-ADE: its step, rate and risk
-        f" | step {time_step(row)} lr {f('lr', '.2e')} risk {f('risk', '.4f')}"
+    t = time_step(row)
+    stream = "" if t is None else (  # Fed-ADE: its step, rate and risk
+        f" | step {t} lr {f('lr', '.2e')} risk {f('risk', '.4f')}"
         f"{'' if row.get('pre-accuracy') is None else ' pre-acc ' + f('pre-accuracy', '.4f')}")
     return (f"[round {row['round']}/{row.get('rounds', '?')}] "
             f"acc {f('accuracy', '.4f')} loss {f('loss', '.4f')} | "

@@ -291,7 +291,9 @@ def test_a_resumed_comparison_of_fewer_methods_keeps_the_earlier_tables(tmp_path
     assert [f.read_text() for f in tmp_path.glob("table.old-*.md")] == [tables]
     cmp.compare(["fedavg"], {"seed": 0}, 2, out=tmp_path, resume=True)  # same methods: in place
     assert len(list(tmp_path.glob("table.old-*.md"))) == 1
+    (tmp_path / "client-accuracy.png").write_bytes(b"earlier")  # a comparison's plot too
     cmp.compare(["fedavg@lr=0.05"], {"seed": 0}, 2, out=tmp_path)  # fresh: moved aside
+    assert [p.read_bytes() for p in tmp_path.glob("client-accuracy.old-*.png")] == [b"earlier"]
     label = cmp.run_label("fedavg@lr=0.05")
     assert [p.name.startswith(f"{label}.old-") and p.name[-2:].isdigit()
             for p in tmp_path.glob(f"{label}.old-*")] == [True]

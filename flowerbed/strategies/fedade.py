@@ -44,8 +44,8 @@ class FedADEStrategy(FedRepStrategy):
     def check_setup(self, num_partitions: int) -> None:
         if self.cfg.fedade_shift == "label":  # every client's target mix must exist
             target_partitions(self.cfg, num_partitions)
-        post = len(pools(self.cfg)[2])  # a covariate step's batch is drawn without replacement
-        if self.cfg.fedade_shift == "covariate" and self.cfg.fedade_batch > post:
+        # covariate shift: a step's batch is drawn from the whole pool without replacement
+        elif self.cfg.fedade_batch > (post := len(pools(self.cfg)[2])):
             raise ConfigError("fedade-batch", self.cfg.fedade_batch, f"at most the {post} samples "
                               "of the post-deployment pool (20% of train-samples)")
 

@@ -41,7 +41,6 @@ class FedXDSStrategy(FlowerbedFedAvg):
         self._initial: ArrayRecord | None = None
         self.share_round: int | None = None  # None: fedxds-warmup-rounds
         self._share_round = False
-        self._send_pool = False  # set while the main phase's training messages are made
 
     def check_setup(self, num_partitions: int) -> None:
         self.cfg.resolved_sigma()  # an (epsilon, delta) opacus finds no noise for: a ConfigError
@@ -80,15 +79,13 @@ class FedXDSStrategy(FlowerbedFedAvg):
         if self._restarts(server_round):
             arrays = self._initial
         self._share_round = phase == "share"
-        self._send_pool = phase == "main" and self.pool is not None
-        try:
-            return super().configure_train(server_round, arrays, config, grid)
-        finally:
-            self._send_pool = False
+        return super().configure_train(server_round, arrays, config, grid)
 
     def content_for(self, node: int, content: RecordDict) -> RecordDict:
         """D_g goes (in training messages of the main phase) to each client without it yet."""
-        if not self._send_pool or self.partition_of.get(node) in self.has_pool:
+        config = content.config_records.get(self.configrecord_key)  # (evaluation's has no phase)
+        if (self.pool is None or config is None or config.get("fedxds-phase") != "main"
+                or self.partition_of.get(node) in self.has_pool):
             return content
         return with_record(content, SHARED, self.pool)
 
