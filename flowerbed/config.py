@@ -96,6 +96,10 @@ class Partition:
         return self.kind if self.param is None else f"{self.kind}:{self.param}"
 
 
+#: the largest Dirichlet alpha accepted (beyond it the split is iid in all but name)
+MAX_ALPHA = 1e6
+
+
 def parse_partition(text: str) -> Partition:
     """Parse ``iid``, ``dirichlet:<alpha>``, ``pathological:<k>`` or ``shards:<n>``."""
     allowed = "use iid, dirichlet:<alpha > 0>, pathological:<k >= 1>, shards:<n >= 1>"
@@ -112,6 +116,11 @@ def parse_partition(text: str) -> Partition:
         raise ConfigError("partition", text, f"'{arg}' is not a number; {allowed}") from None
     if kind == "dirichlet" and not (value > 0 and math.isfinite(value)):
         raise ConfigError("partition", text, f"alpha must be a finite number > 0; {allowed}")
+    if kind == "dirichlet" and value > MAX_ALPHA:
+        # numpy's Dirichlet draw overflows near 1e308; far below that every client already
+        # gets the same label mix, which is what iid gives
+        raise ConfigError("partition", text, f"alpha above {MAX_ALPHA:g} gives every client the "
+                          "same label mix; use iid for that")
     if kind != "dirichlet" and value < 1:
         raise ConfigError("partition", text, f"{kind} needs an integer >= 1; {allowed}")
     return Partition(kind, value)

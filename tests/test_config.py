@@ -24,6 +24,7 @@ def test_defaults_come_from_pyproject():
     ("partition", "zipf:2", "unknown partition kind"),
     ("partition", "dirichlet:0", "alpha must be"),
     ("partition", "dirichlet:-1", "alpha must be"),
+    ("partition", "dirichlet:1e308", "use iid"),
     ("partition", "dirichlet:abc", "not a number"),
     ("partition", "pathological:0", "integer >= 1"),
     ("partition", "iid:3", "takes no parameter"),

@@ -87,6 +87,23 @@ def test_truncated_cifar_batch_is_a_clear_error(tmp_path):
         load_dataset("cifar10", train=True, data_root=str(tmp_path))
 
 
+def test_partial_cifar_folder_names_the_missing_files(tmp_path, monkeypatch):
+    """A CIFAR folder with some batches absent (a partial copy) names each missing file, not
+    only the folder."""
+    import flowerbed.datasets.loading as L
+
+    def offline(*a, **k):
+        raise DataError("download failed (offline)")
+
+    monkeypatch.setattr(L, "_torchvision_download", offline)
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for name in ["data_batch_1", "data_batch_2", "data_batch_4", "data_batch_5"]:
+        pickle.dump(_cifar_batch(4, "labels", 10), open(folder / name, "wb"), protocol=2)
+    with pytest.raises(DataError, match=r"missing data_batch_3, test_batch\)"):
+        load_dataset("cifar10", train=True, data_root=str(tmp_path))
+
+
 def test_mnist_from_fashion_mnist_files_is_refused(tmp_path):
     """The two share file names and sizes: a flat folder of Fashion-MNIST's files loaded as
     MNIST (e.g. a data-root meant for the other data set) is refused, by mean intensity."""

@@ -279,7 +279,10 @@ def _load_cifar(name: str, train: bool, root: Path | None):
     try:
         ds = cls(root=str(base), train=train, download=False)
     except RuntimeError:  # torchvision's "not found or corrupted"
-        ds = _download_or_fail(name, cls.__name__, base, f"{base}/{cls.base_folder}/", train=train)
+        folder = base / cls.base_folder
+        missing = [f for f, _ in cls.train_list + cls.test_list if not (folder / f).is_file()]
+        where = f"{folder}/" + (f" (missing {', '.join(missing)})" if folder.is_dir() else "")
+        ds = _download_or_fail(name, cls.__name__, base, where, train=train)
     except Exception as e:  # noqa: BLE001 - a truncated or damaged file: pickle errors of many kinds
         raise _unreadable(name, f"{base}/{cls.base_folder}/", e) from None
     x = torch.from_numpy(np.asarray(ds.data)).permute(0, 3, 1, 2)
