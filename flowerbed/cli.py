@@ -1,4 +1,4 @@
-"""``flowerbed`` command line: run, compare, partitions."""
+"""``flowerbed`` command line: run, compare, table, partitions, superlink, deploy."""
 
 from __future__ import annotations
 
@@ -219,6 +219,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_table(args: argparse.Namespace) -> int:
+    from flowerbed.compare import table_of_runs
+    from flowerbed.results import writable_folder
+
+    out = writable_folder("--out", args.out) if args.out else None
+    print(table_of_runs([Path(p) for p in args.run_dirs], out))
+    return 0
+
+
 def cmd_partitions(args: argparse.Namespace) -> int:
     from flowerbed.datasets.federated import client_partitions, train_set
     from flowerbed.datasets.partition import label_histogram, plot_histogram, warn_unheld
@@ -364,6 +373,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --out of an earlier compare: keep finished runs, resume stopped ones")
     _federation_args(c)
     c.set_defaults(fn=cmd_compare)
+
+    t = sub.add_parser("table", help="a comparison's table and plots from runs made separately")
+    t.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                   help="run folders (or folders of runs, e.g. a comparison's): they must share "
+                        "their data (data set, partition, seed, clients, samples)")
+    t.add_argument("--out", default=None, help="output folder (default runs/table-<time>)")
+    t.set_defaults(fn=cmd_table)
 
     u = sub.add_parser("superlink", help="start/stop a background SuperLink for plain `flwr run .`")
     u.add_argument("action", choices=["up", "down"])

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from flowerbed import engine
-from flowerbed.results import md_table, pct, plot_curves, read_metrics
+from flowerbed.results import md_table, new_folder, pct, plot_curves, read_metrics
 
 log = logging.getLogger("flowerbed")
 
@@ -58,8 +58,6 @@ def check_labels(methods: list[str], seeds: list[int] | None = None) -> None:
 
 
 def default_out() -> Path:
-    from flowerbed.results import new_folder
-
     return new_folder(Path("runs"), "compare")
 
 
@@ -405,3 +403,89 @@ def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n
                  f"{m} (seed {s})": {"rounds": st["rounds"][s], "rounds-aggregated": a}
                  for m, st in summary.items() for s, a in st.get("rounds-aggregated", {}).items()})]
     return "\n".join(lines + notes(client, stream))
+
+
+#: what fixes the clients' data: runs that differ in one of these were not on the same partitions
+SPLIT_KEYS = ("dataset", "train-samples", "public-fraction", "partition", "seed",
+              "min-partition-size", "local-test-fraction", "num-partitions", "test-samples")
+#: run-config keys that name where a run is, not what it is: never listed as a difference
+BOOKKEEPING = {"run-name", "output-dir", "resume", "data-root", "client-state-dir", "method"}
+
+
+def run_folders(paths: list[Path]) -> list[Path]:
+    """Each path that holds a run (its ``config.json``), or, for a folder that holds none (a
+    comparison, ``runs/``), the run folders directly under it."""
+    from flowerbed.config import ConfigError
+
+    found: list[Path] = []
+    for p in paths:
+        p = p.expanduser().resolve()
+        if not p.is_dir():
+            raise ConfigError("RUN_DIR", str(p), "not a folder")
+        inner = [p] if (p / "config.json").is_file() else sorted(
+            d for d in p.iterdir() if d.is_dir() and (d / "config.json").is_file())
+        if not inner:
+            raise ConfigError("RUN_DIR", str(p), "holds no run (no config.json in it or in a "
+                              "folder directly under it)")
+        found += [d for d in inner if d not in found]
+    return found
+
+
+def table_of_runs(paths: list[Path], out: Path | None = None) -> str:
+    """A comparison's table and plots from runs made separately (``flowerbed run``, ``deploy
+    run``, plain ``flwr run``, other comparisons): ``<out>/results.json``, ``table.md``,
+    ``accuracy.png`` (and ``client-accuracy.png``), as :func:`compare` writes them (``out``:
+    default ``runs/table-<time>``). Runs that do
+    not share their data (:data:`SPLIT_KEYS`) are refused, naming the key; other settings that
+    differ are listed under the table. A run without ``summary.json`` did not finish: its row
+    says failed. Returns the markdown table."""
+    from flowerbed.config import ConfigError, defaults
+
+    runs = run_folders(paths)
+    configs: dict[Path, dict[str, Any]] = {}
+    for d in runs:
+        try:
+            configs[d] = dict(json.loads((d / "config.json").read_text()))
+        except (OSError, ValueError, TypeError) as e:
+            raise ConfigError("RUN_DIR", str(d), f"its config.json is unreadable ({e})") from None
+    names = [d.name for d in runs]  # the folder's name (its parent's too where two share one),
+    labels = {d: d.name if names.count(d.name) == 1 else f"{d.parent.name}/{d.name}" for d in runs}
+    for d, c in configs.items():  # and the method where the name does not start with it
+        if not d.name.startswith(str(c.get("method"))):
+            labels[d] += f" ({c.get('method')})"
+
+    def values(key: str) -> str:
+        return "; ".join(f"{labels[d]}: {c.get(key)!r}" for d, c in configs.items())
+
+    first = configs[runs[0]]
+    for key in SPLIT_KEYS:
+        if any(c.get(key) != first.get(key) for c in configs.values()):
+            raise ConfigError(key, values(key), "the runs were not on the same data; a table "
+                              "compares methods on the same partitions and seed")
+    differ = sorted(k for k in set(defaults()) - BOOKKEEPING  # run-config keys, not recorded facts
+                    if any(c.get(k) != first.get(k) for c in configs.values()))
+    results: dict[str, dict[str, Any]] = {}
+    for d in runs:
+        try:
+            results[labels[d]] = {**json.loads((d / "summary.json").read_text()), "run-dir": str(d)}
+        except (OSError, ValueError) as e:
+            results[labels[d]] = {"error": f"no readable summary.json: the run did not finish ({e})",
+                                  "run-dir": str(d)}
+    out = out or new_folder(Path("runs"), "table")  # made once the runs are accepted
+    out.mkdir(parents=True, exist_ok=True)
+    keep_earlier_tables(out, False, list(results))
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    n = int(first.get("num-partitions") or 0)
+    ok = [d for d in runs if "error" not in results[labels[d]]]
+    plot_comparison({labels[d]: read_metrics(d) for d in ok}, out, _title(first, n),
+                    [labels[d] for d in runs if d not in ok])
+    lines = [markdown_table(results, first, n)]
+    if differ:
+        shown = [f"{k} ({values(k)})" for k in differ[:8]]
+        lines += ["", "Settings that differ between the runs: " + "; ".join(shown)
+                  + (f"; and {len(differ) - 8} more" if len(differ) > 8 else "") + "."]
+    lines += ["", "Runs: " + "; ".join(f"{labels[d]}: {d}" for d in runs) + "."]
+    table = "\n".join(lines)
+    (out / "table.md").write_text(table + "\n")
+    log.info("table: wrote %s", out)
+    return table

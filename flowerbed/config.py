@@ -35,7 +35,8 @@ class ConfigError(ValueError):
     """A run-config key has a bad value. The message names the key, the value and what is allowed."""
 
     def __init__(self, key: str, value: Any, allowed: str) -> None:
-        what = "option" if key.startswith("--") else "run-config"  # a command-line flag, or a key
+        # a command-line flag, a positional argument (RUN_DIR), or a run-config key
+        what = "option" if key.startswith("--") else "argument" if key.isupper() else "run-config"
         super().__init__(f"{what} '{key}' = {value!r} is invalid: {allowed}")
         self.key, self.value, self.allowed = key, value, allowed
 

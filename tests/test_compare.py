@@ -582,3 +582,41 @@ def test_review_of_the_session_s_own_fixes(tmp_path, capsys, monkeypatch):
     assert (tmp_path / "cmp" / "results.json").exists()  # the same seeds and methods: kept
     cmp.keep_earlier_tables(tmp_path / "cmp", True, ["fedavg"], [0])
     assert not (tmp_path / "cmp" / "results.json").exists()  # seed 1's rows: set aside
+
+
+def test_table_of_runs_made_separately(tmp_path, capsys):
+    """`flowerbed table` puts real runs made apart (here in-process, as `flowerbed run` or a
+    deployment leaves them) into one comparison, and refuses runs on other data."""
+    from tests.inprocess import run_inprocess
+
+    tiny = {"num-server-rounds": 1, "train-samples": 300, "test-samples": 100, "min-clients": 2,
+            "fraction-evaluate": 1.0, "local-test-fraction": 0.2, "output-dir": str(tmp_path)}
+    for name, extra in [("fedavg", {}), ("prox-run", {"method": "fedprox", "lr": 0.05}),
+                        ("other-seed", {"seed": 1})]:
+        run_inprocess({**tiny, "method": "fedavg", **extra, "run-name": name}, 2)
+    out = tmp_path / "table"
+    assert cli.main(["table", str(tmp_path / "fedavg"), str(tmp_path / "prox-run"),
+                     "--out", str(out)]) == 0
+    table = (out / "table.md").read_text()
+    assert capsys.readouterr().out.strip() == table.strip()
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    assert [r.split(" | ")[0] for r in rows[1:]] == ["| fedavg", "| prox-run (fedprox)"]
+    assert "differ between the runs: lr (fedavg: 0.01; prox-run (fedprox): 0.05)" in table
+    res = json.loads((out / "results.json").read_text())
+    summary = json.loads((tmp_path / "fedavg" / "summary.json").read_text())
+    assert res["fedavg"]["final-accuracy"] == summary["final-accuracy"]
+    assert (out / "accuracy.png").stat().st_size > 1000 and (out / "client-accuracy.png").exists()
+    # another seed is other partitions: refused, naming the key, and nothing written
+    assert cli.main(["table", str(tmp_path / "fedavg"), str(tmp_path / "other-seed"),
+                     "--out", str(tmp_path / "refused")]) == 2
+    assert "'seed' = 'fedavg: 0; other-seed (fedavg): 1' is invalid: the runs were not on the same data" \
+        in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()
+    # a folder of runs stands for the runs in it; a run that did not finish is a failed row
+    (tmp_path / "other-seed" / "config.json").unlink()  # (not a run any more)
+    (tmp_path / "prox-run" / "summary.json").unlink()
+    table = cmp.table_of_runs([tmp_path], out)
+    assert "| prox-run (fedprox) | failed |" in table and "| fedavg | " in table
+    assert len(list(out.glob("table.old-*.md"))) == 1  # the earlier table was set aside
+    assert cli.main(["table", str(tmp_path / "nothing")]) == 2
+    assert "argument 'RUN_DIR' = " in (err := capsys.readouterr().err) and "not a folder" in err
