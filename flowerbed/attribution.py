@@ -93,11 +93,13 @@ def attribute(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str = 
             # captum's LRP.attribute removes every layer's rule when it returns (its defaults, the
             # ε-rule, would take over in the next batch), so the rules are set for each batch
             _set_lrp_rules(model, lrp_first)
+        # IG's 16 steps and SmoothGrad's 8 noisy copies are run batch_size inputs at a time, not
+        # all at once (16 x 256 ResNet inputs in one backward pass could fill a shared GPU)
         if method == "ig":
-            a = explainer.attribute(xb, target=yb, n_steps=16)
+            a = explainer.attribute(xb, target=yb, n_steps=16, internal_batch_size=len(xb))
         elif method == "smoothgrad":
             a = explainer.attribute(xb, target=yb, nt_type="smoothgrad", nt_samples=8, stdevs=0.15,
-                                    abs=False)
+                                    abs=False, nt_samples_batch_size=1)
         else:
             a = explainer.attribute(xb, target=yb)
         out.append(a.detach().sum(1))

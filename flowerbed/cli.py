@@ -49,7 +49,10 @@ def preflight(overrides: dict[str, Any], num_clients: int, gpus: float) -> Confi
 
     cfg = Config.from_run_config(overrides)
     if gpus > 0 and not torch.cuda.is_available():
-        raise ConfigError("--gpus-per-client", gpus, "this machine has no CUDA GPU; use 0")
+        raise ConfigError("--gpus-per-client", gpus, "torch sees no CUDA GPU here; use 0 (with a "
+                          f"GPU: this torch is built for CUDA {torch.version.cuda or '- (a CPU build)'}"
+                          ", which needs an NVIDIA driver that supports it; `nvidia-smi` shows the "
+                          "driver's CUDA version)")
     if gpus > max(torch.cuda.device_count(), 1):  # Ray could place no client
         raise ConfigError("--gpus-per-client", gpus, f"more than this machine's "
                           f"{torch.cuda.device_count()} GPUs")

@@ -170,13 +170,29 @@ def supernode_cmd(dep: Deployment, partition_id: int, num_partitions: int, port:
     return cmd
 
 
-def spawn(cmd: list[str], log_path: Path, wrap: list[str] | None = None) -> subprocess.Popen:
-    """Start a process in its own session (so it and its children stop together)."""
+def spawn(cmd: list[str], log_path: Path, wrap: list[str] | None = None,
+          env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start a process in its own session (so it and its children stop together), with ``env``
+    added to its environment."""
     full = [*(wrap or []), *cmd]
-    log.info("$ %s", " ".join(full))
+    log.info("$ %s", " ".join([*(f"{k}={v}" for k, v in (env or {}).items()), *full]))
     with open(log_path, "ab") as out:
         return subprocess.Popen(full, stdout=out, stderr=subprocess.STDOUT, cwd=PROJECT,
-                                env=flwr_env(log_path.parent.parent), start_new_session=True)
+                                env={**flwr_env(log_path.parent.parent), **(env or {})},
+                                start_new_session=True)
+
+
+def gpu_env(node: int) -> dict[str, str]:
+    """SuperNode ``node``'s GPU on a machine with several: ``CUDA_VISIBLE_DEVICES`` = node mod
+    the GPU count, so their ClientApps (each uses ``cuda``, i.e. the first GPU it sees) spread
+    over the GPUs instead of all using GPU 0. Nothing where the user set
+    ``CUDA_VISIBLE_DEVICES`` or the machine has fewer than two GPUs."""
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return {}
+    import torch
+
+    n = torch.cuda.device_count()
+    return {"CUDA_VISIBLE_DEVICES": str(node % n)} if n > 1 else {}
 
 
 def flwr_cli(dep: Deployment, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
@@ -309,7 +325,7 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
                 register_node(dep, i)
             extra = (node_extra or [{}] * num_nodes)[i]
             p = spawn(supernode_cmd(dep, i, num_nodes, free_port(), **extra),
-                      dep.log_file(f"supernode-{i}"), wrap(f"supernode-{i}"))
+                      dep.log_file(f"supernode-{i}"), wrap(f"supernode-{i}"), gpu_env(i))
             dep.started(f"supernode-{i}", p.pid)
         if wait_nodes:
             wait_online(dep, num_nodes)

@@ -317,6 +317,9 @@ def federation_config(num_supernodes: int, cpus_per_client: float = 1.0,
         raise ConfigError("--cpus-per-client", cpus_per_client, "must be a finite number > 0")
     if not (gpus_per_client >= 0 and math.isfinite(gpus_per_client)):
         raise ConfigError("--gpus-per-client", gpus_per_client, "must be a finite number >= 0")
+    if gpus_per_client > 1 and not float(gpus_per_client).is_integer():  # Ray: a share or whole GPUs
+        raise ConfigError("--gpus-per-client", gpus_per_client, "a share below 1 (clients share a "
+                          "GPU) or a whole number of GPUs")
     if cpus_per_client > (n := os.cpu_count() or 1):  # Ray could place no client: a traceback
         raise ConfigError("--cpus-per-client", cpus_per_client, f"more than this machine's {n} "
                           "CPUs: no client could start")

@@ -25,7 +25,7 @@ from flowerbed.datasets.federated import full_train
 from flowerbed.datasets.loading import DataSet
 from flowerbed.datasets.streams import split_pretrain
 from flowerbed.models import build_model
-from flowerbed.training import evaluate, predict, seeded_generator, train_epochs
+from flowerbed.training import evaluate, pick_device, predict, seeded_generator, train_epochs
 
 log = logging.getLogger("flowerbed")
 
@@ -71,14 +71,14 @@ def pretrained(cfg: Config) -> nn.Module:
         return model
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, c, train.num_classes, h)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = pick_device()
     log.info("pre-training %s on %d samples (%s pixels) for %d epochs (cached afterwards)",
              cfg.model, len(train), train.pixels, cfg.fedade_pretrain_epochs)
     train_epochs(model, train, epochs=cfg.fedade_pretrain_epochs, device=device,
                  generator=seeded_generator(cfg.seed, 808), **RECIPE_ARGS)
-    model.cpu()
     log.info("pre-trained: held-out accuracy %.4f", evaluate(model, held, device)[1])
-    path.parent.mkdir(parents=True, exist_ok=True)
+    model.cpu()  # after the evaluation (which moves it to the device): the file and the model
+    path.parent.mkdir(parents=True, exist_ok=True)  # returned are on the CPU, as when loaded
     tmp = path.with_suffix(f".{os.getpid()}.tmp")  # two runs may pre-train at once
     torch.save(model.state_dict(), tmp)
     os.replace(tmp, path)

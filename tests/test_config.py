@@ -136,7 +136,8 @@ def test_presets_are_valid_run_configs(preset):
 @pytest.mark.parametrize("cpus,gpus,flag", [(0, 0, "--cpus-per-client"),
                                             (float("nan"), 0, "--cpus-per-client"),
                                             (1000, 0, "--cpus-per-client"),  # Ray: no actor
-                                            (1, -0.5, "--gpus-per-client")])
+                                            (1, -0.5, "--gpus-per-client"),
+                                            (1, 1.5, "--gpus-per-client")])  # Ray: no such share
 def test_client_resources_are_checked_before_ray_starts(cpus, gpus, flag):
     """--cpus-per-client 0 used to reach Ray, which died on a division by zero."""
     from flowerbed.engine import federation_config

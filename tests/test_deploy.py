@@ -94,6 +94,26 @@ def test_node_config_and_commands():
     assert "--insecure" in deploy.superlink_cmd(deploy.Deployment(insecure=True))
 
 
+def test_supernodes_spread_over_several_gpus(monkeypatch, tmp_path):
+    """Each ClientApp uses `cuda` (its first visible GPU): on a machine with several GPUs the
+    SuperNodes `deploy up` starts get one each, round robin, unless the user chose."""
+    import torch
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert [deploy.gpu_env(i) for i in range(3)] == [
+        {"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}, {"CUDA_VISIBLE_DEVICES": "0"}]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert deploy.gpu_env(1) == {}
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert deploy.gpu_env(1) == {}
+    (tmp_path / "logs").mkdir()
+    p = deploy.spawn([sys.executable, "-c", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"],
+                     tmp_path / "logs" / "x.log", env={"CUDA_VISIBLE_DEVICES": "1"})
+    assert p.wait(timeout=30) == 0 and (tmp_path / "logs" / "x.log").read_text().strip() == "1"
+
+
 def test_own_data_folder_equals_the_seeded_partition(tmp_path, caplog):
     """`flowerbed deploy export-data` + `data-dir` gives a SuperNode exactly its seeded split."""
     cfg = Config.from_run_config({"train-samples": 1200, "partition": "dirichlet:0.5"})

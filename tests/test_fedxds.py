@@ -216,6 +216,35 @@ def test_a_repeated_share_round_resends_the_same_release(tmp_path):
     assert np.array_equal(first, ask(ALL_METHODS["fedxds"].client(cfg, resumed)))
 
 
+def test_d_g_is_kept_in_one_file_not_in_the_context(tmp_path):
+    """D_g (tens to hundreds of MB) used to sit in context.state: carried with every message
+    Flower passes a context, and filed again with the client's state every round. It is now
+    written once beside that state, the context holding its digest; a client whose file is
+    gone says it holds no D_g, so the server sends it again."""
+    from flowerbed import client_state
+
+    cfg = Config.from_run_config({**SMALL, "client-state-dir": str(tmp_path)})
+    ctx = Context(run_id=1, node_id=3, node_config={"partition-id": 0, "num-partitions": 4},
+                  state=RecordDict(), run_config=cfg.to_run_config())
+    client = ALL_METHODS["fedxds"].client(cfg, ctx)
+    model = to_record(make_model(cfg, train_set(cfg)))
+    pool = ArrayRecord({"x": Array(np.zeros((40, 1, 28, 28), np.float16)),
+                        "y": Array(np.arange(40, dtype=np.int64) % 10)})
+
+    def main_round(rnd, **shared):
+        return client.train(sent(3, RecordDict({"arrays": model, **shared, "config": ConfigRecord(
+            {"server-round": rnd, "fedxds-phase": "main", "run-key": "run-a"})})))
+
+    assert main_round(4, shared=pool).content["metrics"]["has-pool"] == 1
+    assert not ctx.state.array_records  # nothing of D_g in the context
+    (kept,) = tmp_path.glob("run-a/fedxds-pool-*.pt")
+    client_state.save(cfg, ctx, "run-a", 0, 4)
+    assert (tmp_path / "run-a" / "partition-0" / "round-4.pt").stat().st_size < 10_000
+    assert main_round(5).content["metrics"]["has-pool"] == 1  # from the file
+    kept.unlink()
+    assert main_round(6).content["metrics"]["has-pool"] == 0
+
+
 def test_noise_is_mandatory():
     with pytest.raises(ConfigError, match="'fedxds-sigma'.*noise is mandatory"):
         Config.from_run_config({**SMALL, "fedxds-sigma": 0.0})

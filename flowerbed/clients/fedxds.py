@@ -6,16 +6,23 @@ true labels (:mod:`flowerbed.attribution`), masks, clips and noises them
 (:mod:`flowerbed.privacy`) and uploads them with their labels. Nothing unmasked or noise-free
 leaves the client (``fedxds-mask='none'`` is the "unmasked, noised" baseline; noise is always
 added, drawn from the OS's randomness unless ``fedxds-noise='seeded'``). The pooled D_g
-arrives once and is kept in ``context.state["fedxds.shared"]``.
+arrives once and is kept in a file beside the client's filed state
+(``<client-state-dir>/<run-key>/fedxds-pool-<digest>.pt``, written once), with only its digest
+in ``context.state``: D_g (47 MB for Fashion-MNIST, about 300 MB for CIFAR) is not carried in
+the context Flower passes around with every message, nor filed again every round.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import os
 import secrets
+from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from torch import nn
 from torch.nn import functional as F
 
@@ -26,7 +33,7 @@ from flowerbed.privacy import privatise
 from flowerbed.strategies.fedxds import SHARED
 from flowerbed.training import cycled_batches, seeded_generator, to_record
 
-STATE = "fedxds.shared"
+STATE = "fedxds.pool"  # ConfigRecord {"digest": D_g's}: D_g itself is in pool_file()
 RELEASED = client_state.RELEASED + "fedxds.shared"  # this client's own upload to D_g
 
 
@@ -64,9 +71,9 @@ class FedXDSClient(Client):
         cfg, rnd = self.cfg, self.round_of(msg)
         phase = str(msg.content["config"].get("fedxds-phase", "warmup"))
         if SHARED in msg.content.array_records:
-            self.context.state[STATE] = msg.content[SHARED]
+            self.keep_pool(msg.content[SHARED], client_state.run_key_of(msg))
         model = self.model_from(msg.content["arrays"])
-        pool = self.context.state.array_records.get(STATE)
+        pool = self.pool(client_state.run_key_of(msg))
         hooks = {}
         if phase == "main" and pool is not None and cfg.fedxds_lambda > 0:
             hooks["loss_hook"] = self._shared_term(pool, seeded_generator(cfg.seed, self.partition_id,
@@ -86,15 +93,47 @@ class FedXDSClient(Client):
             released = self.context.state[RELEASED] = self.shared_samples(model, rnd)
         return released
 
-    def _shared_term(self, pool: ArrayRecord, gen: torch.Generator):
+    def pool_file(self, run_key: str, digest: str) -> Path:
+        return client_state.root(self.cfg) / (run_key or "no-run-key") / f"fedxds-pool-{digest}.pt"
+
+    def keep_pool(self, shared: ArrayRecord, run_key: str) -> None:
+        """Write D_g to its file (once: clients on one machine share it) and its digest to the
+        state."""
+        x, y = shared["x"].numpy(), shared["y"].numpy()
+        digest = hashlib.sha256(x.tobytes() + y.tobytes()).hexdigest()[:16]
+        path = self.pool_file(run_key, digest)
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            torch.save({"x": torch.from_numpy(x), "y": torch.from_numpy(y)}, tmp)
+            os.replace(tmp, path)
+        self.context.state[STATE] = ConfigRecord({"digest": digest})
+
+    def pool(self, run_key: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """D_g as (x float16, y int64), or None if this client holds none (never received, or
+        its file is gone: it says so, and the server sends D_g again)."""
+        kept = self.context.state.config_records.get(STATE)
+        if kept is None:
+            return None
+        path = self.pool_file(run_key, str(kept["digest"]))
+        return _load_pool(str(path)) if path.exists() else None
+
+    def _shared_term(self, pool: tuple[torch.Tensor, torch.Tensor], gen: torch.Generator):
         """λ·CE on the next batch of D_g (cycled, shuffled), added to every local batch's loss."""
-        x = torch.as_tensor(pool["x"].numpy()).float()
-        y = torch.as_tensor(pool["y"].numpy()).long()
+        x, y = pool
         lam = self.cfg.fedxds_lambda
         it = cycled_batches(len(y), self.cfg.batch_size, gen)
 
         def hook(m: nn.Module) -> torch.Tensor:
             idx = next(it)
-            return lam * F.cross_entropy(m(x[idx].to(self.device)), y[idx].to(self.device))
+            return lam * F.cross_entropy(m(x[idx].to(self.device).float()), y[idx].to(self.device))
 
         return hook
+
+
+@functools.lru_cache(maxsize=1)
+def _load_pool(path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """D_g from its file, read once per process (a simulation actor serves many clients, all
+    with the same D_g)."""
+    data = torch.load(path, map_location="cpu", weights_only=True)
+    return data["x"], data["y"].long()
