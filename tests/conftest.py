@@ -68,3 +68,12 @@ def error_reply(to: Message, reason: str = "Traceback...\nValueError: boom") -> 
 @pytest.fixture
 def cfg() -> Config:
     return Config.from_run_config({"min-clients": 1})
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Let in-process clients that outlived their round ("hang" faults) finish before exit."""
+    import sys
+
+    for name in ("inprocess", "tests.inprocess"):  # test files import it both ways
+        for worker in getattr(sys.modules.get(name), "STRAGGLERS", []):
+            worker.join()

@@ -18,6 +18,11 @@ from flwr.serverapp import Grid
 from flowerbed.apps import client_app, server_app
 from flowerbed.config import Config
 
+#: client threads still running after their round stopped waiting ("hang" faults): joined at
+#: the end of the session (conftest), since a daemon thread inside torch when the interpreter
+#: exits aborts it ("terminate called without an active exception", exit 134 after all passed)
+STRAGGLERS: list[threading.Thread] = []
+
 
 class LocalGrid(Grid):
     def __init__(self, run_config: dict, num_nodes: int) -> None:
@@ -57,6 +62,8 @@ class LocalGrid(Grid):
                                       daemon=True)
             worker.start()
             worker.join(timeout)  # per message: a hanging client does not starve the others
+            if worker.is_alive():
+                STRAGGLERS.append(worker)
             if box:
                 replies.append(box[0])
         return replies

@@ -50,7 +50,8 @@ def test_fedavg_end_to_end(superlink, tmp_path):
 def test_fedx_over_byol_end_to_end_with_probe(superlink, tmp_path):
     """Self-supervised path: BYOL target in context.state across rounds, probe on the server."""
     s = run(superlink, tmp_path, "fedx", method="fedx", **{"fedx-base": "byol", "probe-every": 1,
-                                                           "probe-epochs": 3, "batch-size": 64,
+                                                           "probe-epochs": 1, "batch-size": 64,
+                                                           "train-samples": 600,
                                                            "local-test-fraction": 0.0})
     rows = read_metrics(tmp_path / "fedx")
     assert [r["accuracy"] is not None for r in rows] == [True, True, True]
@@ -110,18 +111,6 @@ def test_compare_over_seeds_through_the_cli(tmp_path):
     assert res["final-client-accuracy-mean"] == pytest.approx(client)
     table = (tmp_path / "table.md").read_text()
     assert "| fedavg | " in table and "client acc %" in table and (tmp_path / "accuracy.png").exists()
-
-
-@pytest.mark.parametrize("kind", ["raise"])  # every kind x every method: tests/test_resume.py
-def test_failing_clients_do_not_end_the_run(superlink, tmp_path, kind):
-    run(superlink, tmp_path, kind, method="fedavg", **{"fault-fraction": 0.4, "fault-kind": kind})
-    rows = read_metrics(tmp_path / kind)[1:]
-    assert len(rows) == 2 and sum(r["clients-failed"] for r in rows) >= 1
-    failed = [f for r in rows for f in r["failures"]]
-    assert all(f["partition"] in (0, 1, 2) for f in failed)
-    needle = "injected fault" if kind == "raise" else "NaN"
-    assert all(needle in f["reason"] for f in failed)
-    assert all(r["clients-ok"] + r["clients-failed"] == 3 for r in rows)
 
 
 def test_fedxds_end_to_end(superlink, tmp_path):

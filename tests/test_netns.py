@@ -20,7 +20,8 @@ from flowerbed.datasets.federated import export_partitions
 @pytest.mark.skipif(bool(reason := netns_usable()), reason=reason or "")
 def test_separate_hosts_with_tls_own_data_and_a_dropout(tmp_path):
     rc = {"method": "fedavg", "num-server-rounds": 3, "train-samples": 1200, "test-samples": 300,
-          "min-clients": 2, "eval-every": 3, "output-dir": str(tmp_path), "run-name": "netns"}
+          "min-clients": 2, "eval-every": 3, "fraction-evaluate": 0.0,  # (checks read the server's)
+          "output-dir": str(tmp_path), "run-name": "netns"}
     cfg = Config.from_run_config({k: v for k, v in rc.items() if k not in ("output-dir", "run-name")})
     folders = export_partitions(cfg, 3, tmp_path / "client-data")  # each host gets only its part
     hosts = Hosts(["superlink", "supernode-0", "supernode-1", "supernode-2"])

@@ -329,11 +329,21 @@ def test_nodes_that_all_fail_whoami_name_their_error(tmp_path, monkeypatch):
 
 def test_flwr_run_killed_then_resumed_through_the_real_engine(superlink, tmp_path):
     """The real path (simulation engine): `flwr run` whose ServerApp dies after round 1, then
-    `resume=<run-dir>`, gives the metrics of an uninterrupted `flwr run`."""
+    `resume=<run-dir>`, gives the metrics of an uninterrupted `flwr run`. Clients fail too
+    (an injected exception in 40 % of the client-rounds, the same in every run): the run goes
+    on, counting each failure with Flower's reason (every kind x every method: in-process,
+    test_every_fault_kind_for_every_method)."""
     home, conn = superlink
     fed = engine.federation_config(num_supernodes=3, cpus_per_client=1)
-    engine.flwr_run(home, conn, config(tmp_path, "scaffold", "full"), fed, log_file=tmp_path / "0.log")
-    rc = config(tmp_path, "scaffold", "halt", **{"fault-crash-after": 1})
+    faults = {"fault-fraction": 0.4, "fault-kind": "raise"}
+    engine.flwr_run(home, conn, config(tmp_path, "scaffold", "full", **faults), fed,
+                    log_file=tmp_path / "0.log")
+    rows = read_metrics(tmp_path / "full")[1:]
+    assert len(rows) == 2 and sum(r["clients-failed"] for r in rows) >= 1
+    assert all(r["clients-ok"] + r["clients-failed"] == 3 for r in rows)
+    failed = [f for r in rows for f in r["failures"]]
+    assert all(f["partition"] in (0, 1, 2) and "injected fault" in f["reason"] for f in failed)
+    rc = config(tmp_path, "scaffold", "halt", **faults, **{"fault-crash-after": 1})
     with pytest.raises(engine.RunFailed):
         engine.flwr_run(home, conn, rc, fed, log_file=tmp_path / "1.log")
     assert [r["round"] for r in read_metrics(tmp_path / "halt")] == [0, 1]
