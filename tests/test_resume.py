@@ -142,6 +142,32 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     assert ck["round"] == 1 and (ck["strategy"]["c"]["w"] == 0).all()
 
 
+def test_large_constant_state_is_written_once(tmp_path):
+    """FedXDS's D_g (47 MB on Fashion-MNIST, about 300 MB on CIFAR) was written and fsynced
+    with every round's checkpoint. Large records of the strategy's state now live in blob files,
+    written when new and removed once no checkpoint names them."""
+    from flwr.app import Array, ArrayRecord
+
+    arrays = ArrayRecord({"w": Array(torch.ones(3).numpy())})
+    pool = ArrayRecord({"x": Array(np.arange(2 ** 19, dtype=np.float32))})  # 2 MB
+    blobs = tmp_path / checkpoint.BLOBS
+    checkpoint.save(tmp_path, 1, arrays, {"pool": pool, "c": None}, {})
+    (first,) = blobs.glob("*.pt")
+    stamp = first.stat().st_mtime_ns
+    c = ArrayRecord({"c": Array(np.full(2 ** 19, 2.0, np.float32))})  # another large record
+    checkpoint.save(tmp_path, 2, arrays, {"pool": pool, "c": c}, {})
+    assert first.stat().st_mtime_ns == stamp and len(list(blobs.glob("*.pt"))) == 2  # not rewritten
+    c = ArrayRecord({"c": Array(np.full(2 ** 19, 3.0, np.float32))})  # c changes: its old blob goes
+    checkpoint.save(tmp_path, 3, arrays, {"pool": pool, "c": c}, {})
+    assert len(list(blobs.glob("*.pt"))) == 2
+    ck = checkpoint.load(tmp_path)
+    assert (ck["strategy"]["pool"]["x"].numpy() == np.arange(2 ** 19)).all()
+    assert (ck["strategy"]["c"]["c"].numpy() == 3.0).all()
+    (blobs / first.name).unlink()  # a lost blob: the checkpoint names it
+    with pytest.raises(checkpoint.CheckpointError, match=f"its blob .*{first.name} is missing"):
+        checkpoint.load(tmp_path)
+
+
 @pytest.mark.parametrize("damage, message", [
     ("truncate", "corrupt or truncated"), ("garbage", "corrupt or truncated"),
     ("not-ours", "not a flowerbed checkpoint"), ("missing", "does not exist")])
