@@ -8,7 +8,7 @@ control variate, FedXDS's pooled shared set and who holds it, ...; see each stra
 ``checkpoint_attrs``), the server's RNG states and the run config.
 
 Large ArrayRecords of the strategy's state (:data:`BLOB_MIN` bytes or more: FedXDS's D_g and
-initial weights, SCAFFOLD's c) are kept beside it, each in ``checkpoint-blobs/<digest>.pt``,
+initial weights) are kept beside it, each in ``checkpoint-blobs/<digest>.pt``,
 written when its content is new and removed once no checkpoint names it: D_g (tens to hundreds
 of MB) is written once per run instead of every round.
 
@@ -31,7 +31,8 @@ import torch
 from flwr.app import Array, ArrayRecord
 
 FILE = "checkpoint.pt"
-FORMAT = 1
+FORMAT = 2  # 2: large strategy records in checkpoint-blobs/ (older code refuses it by this number)
+READABLE = (1, 2)
 #: run-config keys that may differ between a run and its resumption
 RESUMABLE_CHANGES = frozenset({"resume", "run-name", "output-dir", "num-server-rounds",
                                "round-timeout", "fault-fraction", "fault-kind", "fault-crash-after"})
@@ -103,7 +104,7 @@ def decode(obj: Any, blob_dir: Path | None = None) -> Any:
     return obj
 
 
-def _write_synced(path: Path, payload: Any) -> None:
+def write_synced(path: Path, payload: Any) -> None:
     """``torch.save`` to ``path`` atomically: a temporary file, flushed to disk, renamed."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
@@ -145,10 +146,10 @@ def save(run_dir: Path, server_round: int, arrays: ArrayRecord, strategy_state: 
     for digest, rec in blobs.items():  # every blob on disk before the checkpoint that names it
         if not (blob_dir / f"{digest}.pt").exists():
             blob_dir.mkdir(exist_ok=True)
-            _write_synced(blob_dir / f"{digest}.pt", encode(rec))
-    _write_synced(path, payload)
-    for old in blob_dir.glob("*.pt") if blob_dir.is_dir() else []:  # named by no checkpoint now
-        if old.stem not in blobs:
+            write_synced(blob_dir / f"{digest}.pt", encode(rec))
+    write_synced(path, payload)
+    for old in blob_dir.iterdir() if blob_dir.is_dir() else []:  # named by no checkpoint now,
+        if old.name not in {f"{d}.pt" for d in blobs}:  # or a write a crash left unfinished
             old.unlink(missing_ok=True)
     return path
 
@@ -171,8 +172,9 @@ def load(run_dir: Path) -> dict[str, Any]:
         if isinstance(raw, dict) else {"everything"}
     if missing:
         raise CheckpointError(f"resume: {path} is not a flowerbed checkpoint (missing {sorted(missing)})")
-    if raw["format"] != FORMAT:
-        raise CheckpointError(f"resume: {path} has format {raw['format']}, this flowerbed reads {FORMAT}")
+    if raw["format"] not in READABLE:
+        raise CheckpointError(f"resume: {path} has format {raw['format']}, this flowerbed reads "
+                              f"{', '.join(map(str, READABLE))}")
     if not isinstance(raw["round"], int) or raw["round"] < 1:
         raise CheckpointError(f"resume: {path} holds round {raw['round']!r}, expected an integer >= 1")
     try:

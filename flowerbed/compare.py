@@ -31,6 +31,8 @@ def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
 
 def _rounds(overrides: dict[str, Any]) -> str:
     n = overrides.get("num-server-rounds")
+    if n is None:  # runs tabulated together that ran different numbers of rounds
+        return "each run's own number of rounds (listed below)"
     return f"{n} round{'' if n == 1 else 's'}"
 
 
@@ -260,7 +262,10 @@ def notes(client: bool, stream: bool) -> list[str]:
     return ["", text] if text else []
 
 
-def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any], n: int) -> str:
+def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any], n: int,
+                   variants: bool = True) -> str:
+    """The comparison's table; ``variants``: the rows are ``method@key=value`` specs, whose
+    changes to the shared settings are named under it."""
     client = any(s.get(CLIENT_ACC) is not None for s in results.values())
     stream = any(streams(s) for s in results.values())
     cols: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
@@ -277,8 +282,8 @@ def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any]
                   else [cell(s) for _, cell in cols])] for m, s in results.items()]
     lines = [f"Same partitions and seed for every method: {_title(overrides, n)}, "
              f"{_rounds(overrides)}.", "",
-             *md_table(["method", *(h for h, _ in cols)], rows), *exceptions(results),
-             *skipped_rounds(results)]
+             *md_table(["method", *(h for h, _ in cols)], rows),
+             *(exceptions(results) if variants else []), *skipped_rounds(results)]
     return "\n".join(lines + notes(client, stream))
 
 
@@ -405,9 +410,11 @@ def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n
     return "\n".join(lines + notes(client, stream))
 
 
-#: what fixes the clients' data: runs that differ in one of these were not on the same partitions
+#: what fixes the clients' data (and Fed-ADE's streams): runs that differ in one of these were
+#: not on the same data
 SPLIT_KEYS = ("dataset", "train-samples", "public-fraction", "partition", "seed",
-              "min-partition-size", "local-test-fraction", "num-partitions", "test-samples")
+              "min-partition-size", "local-test-fraction", "num-partitions", "test-samples",
+              "fedade-shift", "fedade-schedule", "fedade-batch", "fedade-ber-chain", "fedade-ber-p")
 #: run-config keys that name where a run is, not what it is: never listed as a difference
 BOOKKEEPING = {"run-name", "output-dir", "resume", "data-root", "client-state-dir", "method"}
 
@@ -425,67 +432,97 @@ def run_folders(paths: list[Path]) -> list[Path]:
         inner = [p] if (p / "config.json").is_file() else sorted(
             d for d in p.iterdir() if d.is_dir() and (d / "config.json").is_file())
         if not inner:
+            seeds = sorted(d.name for d in p.glob("seed-*") if d.is_dir())
             raise ConfigError("RUN_DIR", str(p), "holds no run (no config.json in it or in a "
-                              "folder directly under it)")
+                              "folder directly under it)" + (
+                                  f"; a comparison over seeds: give one of its {', '.join(seeds)} "
+                                  "folders" if seeds else ""))
         found += [d for d in inner if d not in found]
     return found
+
+
+def run_labels(runs: list[Path], configs: dict[Path, dict[str, Any]]) -> dict[Path, str]:
+    """Each run's label: its folder's name, with as many parent folders as it takes to tell
+    runs apart, and its method where the name does not start with it."""
+    labels = {}
+    for d in runs:
+        depth = 1
+        while depth < len(d.parts) and sum(
+                o.parts[-depth:] == d.parts[-depth:] for o in runs) > 1:
+            depth += 1
+        method = str(configs[d].get("method"))
+        labels[d] = "/".join(d.parts[-depth:]) + ("" if d.name.startswith(method) else f" ({method})")
+    return labels
+
+
+def _summary(d: Path) -> dict[str, Any]:
+    """A run's summary.json, or an error naming why there is none."""
+    try:
+        summary = json.loads((d / "summary.json").read_text())
+        if not isinstance(summary, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as e:
+        return {"error": f"no readable summary.json: the run did not finish ({e})", "run-dir": str(d)}
+    return {**summary, "run-dir": str(d)}
 
 
 def table_of_runs(paths: list[Path], out: Path | None = None) -> str:
     """A comparison's table and plots from runs made separately (``flowerbed run``, ``deploy
     run``, plain ``flwr run``, other comparisons): ``<out>/results.json``, ``table.md``,
     ``accuracy.png`` (and ``client-accuracy.png``), as :func:`compare` writes them (``out``:
-    default ``runs/table-<time>``). Runs that do
-    not share their data (:data:`SPLIT_KEYS`) are refused, naming the key; other settings that
-    differ are listed under the table. A run without ``summary.json`` did not finish: its row
-    says failed. Returns the markdown table."""
+    default ``runs/table-<time>``). Runs that do not share their data (:data:`SPLIT_KEYS`; a key
+    a run's config lacks, written by older code, is not compared) are refused, naming the key;
+    other settings that differ are listed under the table. A run without ``summary.json`` did
+    not finish: its row says failed. Returns the markdown table."""
     from flowerbed.config import ConfigError, defaults
 
     runs = run_folders(paths)
+    if out is not None and any(out.resolve() == d or d in out.resolve().parents for d in runs):
+        raise ConfigError("--out", str(out), "is one of the runs, or inside one: its own files "
+                          "would be replaced; choose a folder outside them")
     configs: dict[Path, dict[str, Any]] = {}
     for d in runs:
         try:
             configs[d] = dict(json.loads((d / "config.json").read_text()))
         except (OSError, ValueError, TypeError) as e:
             raise ConfigError("RUN_DIR", str(d), f"its config.json is unreadable ({e})") from None
-    names = [d.name for d in runs]  # the folder's name (its parent's too where two share one),
-    labels = {d: d.name if names.count(d.name) == 1 else f"{d.parent.name}/{d.name}" for d in runs}
-    for d, c in configs.items():  # and the method where the name does not start with it
-        if not d.name.startswith(str(c.get("method"))):
-            labels[d] += f" ({c.get('method')})"
+    labels = run_labels(runs, configs)
 
     def values(key: str) -> str:
         return "; ".join(f"{labels[d]}: {c.get(key)!r}" for d, c in configs.items())
 
-    first = configs[runs[0]]
+    def differs(key: str) -> bool:
+        return len({json.dumps(c[key]) for c in configs.values() if key in c}) > 1
+
     for key in SPLIT_KEYS:
-        if any(c.get(key) != first.get(key) for c in configs.values()):
+        if differs(key):
             raise ConfigError(key, values(key), "the runs were not on the same data; a table "
                               "compares methods on the same partitions and seed")
-    differ = sorted(k for k in set(defaults()) - BOOKKEEPING  # run-config keys, not recorded facts
-                    if any(c.get(k) != first.get(k) for c in configs.values()))
-    results: dict[str, dict[str, Any]] = {}
+    differ = sorted(k for k in set(defaults()) - BOOKKEEPING if differs(k))
+    results = {labels[d]: _summary(d) for d in runs}
+    curves = {}
     for d in runs:
-        try:
-            results[labels[d]] = {**json.loads((d / "summary.json").read_text()), "run-dir": str(d)}
-        except (OSError, ValueError) as e:
-            results[labels[d]] = {"error": f"no readable summary.json: the run did not finish ({e})",
-                                  "run-dir": str(d)}
-    out = out or new_folder(Path("runs"), "table")  # made once the runs are accepted
-    out.mkdir(parents=True, exist_ok=True)
-    keep_earlier_tables(out, False, list(results))
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    n = int(first.get("num-partitions") or 0)
-    ok = [d for d in runs if "error" not in results[labels[d]]]
-    plot_comparison({labels[d]: read_metrics(d) for d in ok}, out, _title(first, n),
-                    [labels[d] for d in runs if d not in ok])
-    lines = [markdown_table(results, first, n)]
+        if "error" not in results[labels[d]]:
+            try:
+                curves[labels[d]] = read_metrics(d)
+            except (OSError, ValueError) as e:
+                results[labels[d]] = {"error": f"unreadable metrics.jsonl ({e})", "run-dir": str(d)}
+    first = {k: next((c[k] for c in configs.values() if k in c), None) for k in SPLIT_KEYS}
+    shared = {**first, "num-server-rounds": None if differs("num-server-rounds")
+              else configs[runs[0]].get("num-server-rounds")}
+    n = int(shared.get("num-partitions") or 0)
+    lines = [markdown_table(results, shared, n, variants=False)]
     if differ:
         shown = [f"{k} ({values(k)})" for k in differ[:8]]
         lines += ["", "Settings that differ between the runs: " + "; ".join(shown)
                   + (f"; and {len(differ) - 8} more" if len(differ) > 8 else "") + "."]
     lines += ["", "Runs: " + "; ".join(f"{labels[d]}: {d}" for d in runs) + "."]
     table = "\n".join(lines)
+    out = out or new_folder(Path("runs"), "table")  # made once the runs are accepted
+    out.mkdir(parents=True, exist_ok=True)
+    keep_earlier_tables(out, False, list(results))
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    plot_comparison(curves, out, _title(shared, n), [m for m in results if m not in curves])
     (out / "table.md").write_text(table + "\n")
     log.info("table: wrote %s", out)
     return table

@@ -620,3 +620,23 @@ def test_table_of_runs_made_separately(tmp_path, capsys):
     assert len(list(out.glob("table.old-*.md"))) == 1  # the earlier table was set aside
     assert cli.main(["table", str(tmp_path / "nothing")]) == 2
     assert "argument 'RUN_DIR' = " in (err := capsys.readouterr().err) and "not a folder" in err
+    # from a review: runs whose folders share a name (two comparisons' seed-0/fedavg) keep a
+    # row each; a folder name with '@' is a label, not a variant; different round counts are
+    # not stated as one; --out inside a run is refused (it would replace the run's plot)
+    import shutil
+
+    for parent in ("a/seed-0", "b/seed-0"):
+        shutil.copytree(tmp_path / "fedavg", tmp_path / "two" / parent / "fedavg")
+    shutil.copytree(tmp_path / "fedavg", tmp_path / "two" / "fedavg@home")
+    cfg = tmp_path / "two" / "b" / "seed-0" / "fedavg" / "config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "num-server-rounds": 2}))
+    runs = [tmp_path / "two" / p for p in ("a/seed-0/fedavg", "b/seed-0/fedavg", "fedavg@home")]
+    table = cmp.table_of_runs(runs, tmp_path / "two-table")
+    rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| ")][1:]
+    assert rows == ["| a/seed-0/fedavg", "| b/seed-0/fedavg", "| fedavg@home"]
+    assert "each run's own number of rounds" in table and "num-server-rounds (" in table
+    assert cli.main(["table", *map(str, runs[:2]), "--out", str(runs[0] / "t")]) == 2
+    assert "inside one" in capsys.readouterr().err
+    (tmp_path / "seeds" / "seed-0").mkdir(parents=True)
+    assert cli.main(["table", str(tmp_path / "seeds")]) == 2
+    assert "give one of its seed-0 folders" in capsys.readouterr().err

@@ -243,6 +243,15 @@ def test_d_g_is_kept_in_one_file_not_in_the_context(tmp_path):
     assert main_round(5).content["metrics"]["has-pool"] == 1  # from the file
     kept.unlink()
     assert main_round(6).content["metrics"]["has-pool"] == 0
+    # a damaged file (a crash mid-write, a full disk) counts as missing, and goes: the resent
+    # D_g is written afresh (it used to be kept, so the client failed every round after)
+    assert main_round(7, shared=pool).content["metrics"]["has-pool"] == 1
+    kept.write_bytes(b"PK\x03\x04 half a zip")
+    from flowerbed.clients import fedxds as fedxds_client
+
+    fedxds_client._load_pool.cache_clear()  # a new process (a deployed ClientApp per message)
+    assert main_round(8).content["metrics"]["has-pool"] == 0 and not kept.exists()
+    assert main_round(9, shared=pool).content["metrics"]["has-pool"] == 1
 
 
 def test_noise_is_mandatory():

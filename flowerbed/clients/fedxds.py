@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
+import logging
 import secrets
 from pathlib import Path
 
@@ -28,11 +28,13 @@ from torch.nn import functional as F
 
 from flowerbed import client_state
 from flowerbed.attribution import attribute
+from flowerbed.checkpoint import write_synced
 from flowerbed.clients.base import Client
 from flowerbed.privacy import privatise
 from flowerbed.strategies.fedxds import SHARED
 from flowerbed.training import cycled_batches, seeded_generator, to_record
 
+log = logging.getLogger("flowerbed")
 STATE = "fedxds.pool"  # ConfigRecord {"digest": D_g's}: D_g itself is in pool_file()
 RELEASED = client_state.RELEASED + "fedxds.shared"  # this client's own upload to D_g
 
@@ -94,7 +96,9 @@ class FedXDSClient(Client):
         return released
 
     def pool_file(self, run_key: str, digest: str) -> Path:
-        return client_state.root(self.cfg) / (run_key or "no-run-key") / f"fedxds-pool-{digest}.pt"
+        """Beside the run's filed client state (the run-key checked as there)."""
+        run_dir = client_state.folder(self.cfg, run_key or "no-run-key", self.partition_id).parent
+        return run_dir / f"fedxds-pool-{digest}.pt"
 
     def keep_pool(self, shared: ArrayRecord, run_key: str) -> None:
         """Write D_g to its file (once: clients on one machine share it) and its digest to the
@@ -104,9 +108,7 @@ class FedXDSClient(Client):
         path = self.pool_file(run_key, digest)
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            torch.save({"x": torch.from_numpy(x), "y": torch.from_numpy(y)}, tmp)
-            os.replace(tmp, path)
+            write_synced(path, {"x": torch.from_numpy(x), "y": torch.from_numpy(y)})
         self.context.state[STATE] = ConfigRecord({"digest": digest})
 
     def pool(self, run_key: str) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -116,7 +118,13 @@ class FedXDSClient(Client):
         if kept is None:
             return None
         path = self.pool_file(run_key, str(kept["digest"]))
-        return _load_pool(str(path)) if path.exists() else None
+        try:
+            return _load_pool(str(path)) if path.exists() else None
+        except Exception as e:  # noqa: BLE001 - damaged (a crash, a full disk): as if missing,
+            log.warning("partition %d: D_g's file %s is unreadable (%s); removed, the server "
+                        "sends D_g again", self.partition_id, path, type(e).__name__)
+            path.unlink(missing_ok=True)  # so that the resent D_g is written afresh
+            return None
 
     def _shared_term(self, pool: tuple[torch.Tensor, torch.Tensor], gen: torch.Generator):
         """λ·CE on the next batch of D_g (cycled, shuffled), added to every local batch's loss."""
