@@ -429,8 +429,8 @@ def run_folders(paths: list[Path]) -> list[Path]:
         p = p.expanduser().resolve()
         if not p.is_dir():
             raise ConfigError("RUN_DIR", str(p), "not a folder")
-        inner = [p] if (p / "config.json").is_file() else sorted(
-            d for d in p.iterdir() if d.is_dir() and (d / "config.json").is_file())
+        inner = [p] if (p / "config.json").is_file() else sorted({  # a linked run once
+            d.resolve() for d in p.iterdir() if d.is_dir() and (d / "config.json").is_file()})
         if not inner:
             seeds = sorted(d.name for d in p.glob("seed-*") if d.is_dir())
             raise ConfigError("RUN_DIR", str(p), "holds no run (no config.json in it or in a "

@@ -614,9 +614,10 @@ def test_table_of_runs_made_separately(tmp_path, capsys):
     assert not (tmp_path / "refused").exists()
     # a folder of runs stands for the runs in it; a run that did not finish is a failed row
     (tmp_path / "other-seed" / "config.json").unlink()  # (not a run any more)
+    (tmp_path / "link").symlink_to(tmp_path / "fedavg")  # a run linked twice is one row
     (tmp_path / "prox-run" / "summary.json").unlink()
     table = cmp.table_of_runs([tmp_path], out)
-    assert "| prox-run (fedprox) | failed |" in table and "| fedavg | " in table
+    assert "| prox-run (fedprox) | failed |" in table and table.count("| fedavg | ") == 1
     assert len(list(out.glob("table.old-*.md"))) == 1  # the earlier table was set aside
     assert cli.main(["table", str(tmp_path / "nothing")]) == 2
     assert "argument 'RUN_DIR' = " in (err := capsys.readouterr().err) and "not a folder" in err
