@@ -49,7 +49,7 @@ BLOBS = "checkpoint-blobs"
 BLOB_MIN = 1 << 20
 
 
-def _digest(rec: ArrayRecord) -> str:
+def digest(rec: ArrayRecord) -> str:
     """The record's content digest (hashed at every save: a record changed in place must never
     keep an earlier digest; about 0.1 s for Fashion-MNIST's D_g against writing it again)."""
     h = hashlib.sha256()
@@ -65,7 +65,7 @@ def encode(obj: Any, blobs: dict[str, ArrayRecord] | None = None) -> Any:
     are named by it."""
     if isinstance(obj, ArrayRecord):
         if blobs is not None and sum(len(v.data) for v in obj.values()) >= BLOB_MIN:
-            blobs[d := _digest(obj)] = obj
+            blobs[d := digest(obj)] = obj
             return {"__blob__": d}
         return {"__arrayrecord__": {k: torch.from_numpy(np.array(v.numpy())) for k, v in obj.items()}}
     if isinstance(obj, np.ndarray):
@@ -143,13 +143,14 @@ def save(run_dir: Path, server_round: int, arrays: ArrayRecord, strategy_state: 
                "strategy": encode(strategy_state, blobs), "rng": rng_state(),
                "config": encode({k: v for k, v in config.items()})}
     blob_dir = Path(run_dir) / BLOBS
-    for digest, rec in blobs.items():  # every blob on disk before the checkpoint that names it
-        if not (blob_dir / f"{digest}.pt").exists():
+    named = {f"{d}.pt": rec for d, rec in blobs.items()}
+    for name, rec in named.items():  # every blob on disk before the checkpoint that names it
+        if not (blob_dir / name).exists():
             blob_dir.mkdir(exist_ok=True)
-            write_synced(blob_dir / f"{digest}.pt", encode(rec))
+            write_synced(blob_dir / name, encode(rec))
     write_synced(path, payload)
     for old in blob_dir.iterdir() if blob_dir.is_dir() else []:  # named by no checkpoint now,
-        if old.name not in {f"{d}.pt" for d in blobs}:  # or a write a crash left unfinished
+        if old.name not in named:  # or a write a crash left unfinished
             old.unlink(missing_ok=True)
     return path
 

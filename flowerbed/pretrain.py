@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import hashlib
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ import torch
 from torch import nn
 
 from flowerbed import cache_root
+from flowerbed.checkpoint import write_synced
 from flowerbed.config import Config
 from flowerbed.datasets.federated import full_train
 from flowerbed.datasets.loading import DataSet
@@ -79,9 +79,7 @@ def pretrained(cfg: Config) -> nn.Module:
     log.info("pre-trained: held-out accuracy %.4f", evaluate(model, held, device)[1])
     model.cpu()  # after the evaluation (which moves it to the device): the file and the model
     path.parent.mkdir(parents=True, exist_ok=True)  # returned are on the CPU, as when loaded
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # two runs may pre-train at once
-    torch.save(model.state_dict(), tmp)
-    os.replace(tmp, path)
+    write_synced(path, model.state_dict())  # a temporary file per process: runs may pre-train at once
     return model
 
 

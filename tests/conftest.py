@@ -74,6 +74,5 @@ def pytest_sessionfinish(session, exitstatus):
     """Let in-process clients that outlived their round ("hang" faults) finish before exit."""
     import sys
 
-    for name in ("inprocess", "tests.inprocess"):  # test files import it both ways
-        for worker in getattr(sys.modules.get(name), "STRAGGLERS", []):
-            worker.join()
+    for worker in getattr(sys.modules.get("inprocess"), "STRAGGLERS", []):
+        worker.join()

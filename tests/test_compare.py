@@ -587,7 +587,7 @@ def test_review_of_the_session_s_own_fixes(tmp_path, capsys, monkeypatch):
 def test_table_of_runs_made_separately(tmp_path, capsys):
     """`flowerbed table` puts real runs made apart (here in-process, as `flowerbed run` or a
     deployment leaves them) into one comparison, and refuses runs on other data."""
-    from tests.inprocess import run_inprocess
+    from inprocess import run_inprocess
 
     tiny = {"num-server-rounds": 1, "train-samples": 300, "test-samples": 100, "min-clients": 2,
             "fraction-evaluate": 1.0, "local-test-fraction": 0.2, "output-dir": str(tmp_path)}

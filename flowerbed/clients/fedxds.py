@@ -15,7 +15,6 @@ the context Flower passes around with every message, nor filed again every round
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import secrets
 from pathlib import Path
@@ -28,7 +27,7 @@ from torch.nn import functional as F
 
 from flowerbed import client_state
 from flowerbed.attribution import attribute
-from flowerbed.checkpoint import write_synced
+from flowerbed.checkpoint import digest, write_synced
 from flowerbed.clients.base import Client
 from flowerbed.privacy import privatise
 from flowerbed.strategies.fedxds import SHARED
@@ -72,10 +71,11 @@ class FedXDSClient(Client):
     def train(self, msg: Message) -> Message:
         cfg, rnd = self.cfg, self.round_of(msg)
         phase = str(msg.content["config"].get("fedxds-phase", "warmup"))
+        run_key = client_state.run_key_of(msg)
         if SHARED in msg.content.array_records:
-            self.keep_pool(msg.content[SHARED], client_state.run_key_of(msg))
+            self.keep_pool(msg.content[SHARED], run_key)
         model = self.model_from(msg.content["arrays"])
-        pool = self.pool(client_state.run_key_of(msg))
+        pool = self.pool(run_key)
         hooks = {}
         if phase == "main" and pool is not None and cfg.fedxds_lambda > 0:
             hooks["loss_hook"] = self._shared_term(pool, seeded_generator(cfg.seed, self.partition_id,
@@ -103,13 +103,12 @@ class FedXDSClient(Client):
     def keep_pool(self, shared: ArrayRecord, run_key: str) -> None:
         """Write D_g to its file (once: clients on one machine share it) and its digest to the
         state."""
-        x, y = shared["x"].numpy(), shared["y"].numpy()
-        digest = hashlib.sha256(x.tobytes() + y.tobytes()).hexdigest()[:16]
-        path = self.pool_file(run_key, digest)
+        key = digest(shared)
+        path = self.pool_file(run_key, key)
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_synced(path, {"x": torch.from_numpy(x), "y": torch.from_numpy(y)})
-        self.context.state[STATE] = ConfigRecord({"digest": digest})
+            write_synced(path, {k: torch.from_numpy(shared[k].numpy()) for k in ("x", "y")})
+        self.context.state[STATE] = ConfigRecord({"digest": key})
 
     def pool(self, run_key: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         """D_g as (x float16, y int64), or None if this client holds none (never received, or
