@@ -223,11 +223,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    from flowerbed.compare import table_of_runs
+    from flowerbed.compare import failed_runs, table_of_runs
     from flowerbed.results import writable_folder
 
-    out = writable_folder("--out", args.out) if args.out else None
-    print(table_of_runs([Path(p) for p in args.run_dirs], out))
+    table, out = table_of_runs([Path(p) for p in args.run_dirs],
+                               writable_folder("--out", args.out) if args.out else None)
+    print(table)
+    if failed := failed_runs(out):  # as compare does: a script can tell a table with holes
+        log.error("table: %d run(s) did not finish or cannot be read: %s", len(failed), ", ".join(failed))
+        return 1
     return 0
 
 

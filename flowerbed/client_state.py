@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 import re
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 
 from flowerbed import cache_root
-from flowerbed.checkpoint import decode, encode
+from flowerbed.checkpoint import decode, encode, write_synced
 from flowerbed.config import Config
 
 log = logging.getLogger("flowerbed")
@@ -69,9 +68,7 @@ def save(cfg: Config, context: Context, run_key: str, partition_id: int, server_
         return
     d = folder(cfg, run_key, partition_id)
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".round-{server_round}.{os.getpid()}.tmp"
-    torch.save(encode(recs), tmp)
-    os.replace(tmp, d / f"round-{server_round}.pt")
+    write_synced(d / f"round-{server_round}.pt", encode(recs))  # on disk before the reply leaves
     for old in sorted(_rounds(d))[:-KEEP]:
         with contextlib.suppress(OSError):
             (d / f"round-{old}.pt").unlink()
@@ -99,12 +96,14 @@ def restore(cfg: Config, context: Context, run_key: str, partition_id: int, serv
                  "or it was lost: then it starts from the method's initial state)",
                  partition_id, server_round, d)
         return None
-    r = max(earlier)
-    try:
-        recs = decode(torch.load(d / f"round-{r}.pt", map_location="cpu", weights_only=True))
-    except Exception as e:  # noqa: BLE001 - a damaged file: start this client fresh, loudly
-        log.warning("partition %d: cannot read its state %s (%s); it starts without it",
-                    partition_id, d / f"round-{r}.pt", e)
+    for r in sorted(earlier, reverse=True):  # a damaged file: the one before it (KEEP), loudly
+        try:
+            recs = decode(torch.load(d / f"round-{r}.pt", map_location="cpu", weights_only=True))
+            break
+        except Exception as e:  # noqa: BLE001
+            log.warning("partition %d: cannot read its state %s (%s)", partition_id, d / f"round-{r}.pt", e)
+    else:
+        log.warning("partition %d: no readable state in %s; it starts without it", partition_id, d)
         return None
     for k, v in recs["arrays"].items():
         context.state[k] = v if isinstance(v, ArrayRecord) else ArrayRecord(v)

@@ -466,14 +466,14 @@ def _summary(d: Path) -> dict[str, Any]:
     return {**summary, "run-dir": str(d)}
 
 
-def table_of_runs(paths: list[Path], out: Path | None = None) -> str:
+def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path]:
     """A comparison's table and plots from runs made separately (``flowerbed run``, ``deploy
     run``, plain ``flwr run``, other comparisons): ``<out>/results.json``, ``table.md``,
     ``accuracy.png`` (and ``client-accuracy.png``), as :func:`compare` writes them (``out``:
     default ``runs/table-<time>``). Runs that do not share their data (:data:`SPLIT_KEYS`; a key
     a run's config lacks, written by older code, is not compared) are refused, naming the key;
     other settings that differ are listed under the table. A run without ``summary.json`` did
-    not finish: its row says failed. Returns the markdown table."""
+    not finish: its row says failed. Returns the markdown table and the folder written."""
     from flowerbed.config import ConfigError, defaults
 
     runs = run_folders(paths)
@@ -525,4 +525,4 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> str:
     plot_comparison(curves, out, _title(shared, n), [m for m in results if m not in curves])
     (out / "table.md").write_text(table + "\n")
     log.info("table: wrote %s", out)
-    return table
+    return table, out

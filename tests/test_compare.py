@@ -584,7 +584,7 @@ def test_review_of_the_session_s_own_fixes(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "cmp" / "results.json").exists()  # seed 1's rows: set aside
 
 
-def test_table_of_runs_made_separately(tmp_path, capsys):
+def test_table_of_runs_made_separately(tmp_path, capsys, caplog):
     """`flowerbed table` puts real runs made apart (here in-process, as `flowerbed run` or a
     deployment leaves them) into one comparison, and refuses runs on other data."""
     from inprocess import run_inprocess
@@ -616,9 +616,11 @@ def test_table_of_runs_made_separately(tmp_path, capsys):
     (tmp_path / "other-seed" / "config.json").unlink()  # (not a run any more)
     (tmp_path / "link").symlink_to(tmp_path / "fedavg")  # a run linked twice is one row
     (tmp_path / "prox-run" / "summary.json").unlink()
-    table = cmp.table_of_runs([tmp_path], out)
+    table, _ = cmp.table_of_runs([tmp_path], out)
     assert "| prox-run (fedprox) | failed |" in table and table.count("| fedavg | ") == 1
-    assert len(list(out.glob("table.old-*.md"))) == 1  # the earlier table was set aside
+    assert cli.main(["table", str(tmp_path), "--out", str(out)]) == 1  # a row failed: as compare
+    assert "1 run(s) did not finish or cannot be read: prox-run (fedprox)" in caplog.text
+    assert len(list(out.glob("table.old-*.md"))) == 2  # the earlier tables were set aside
     assert cli.main(["table", str(tmp_path / "nothing")]) == 2
     assert "argument 'RUN_DIR' = " in (err := capsys.readouterr().err) and "not a folder" in err
     # from a review: runs whose folders share a name (two comparisons' seed-0/fedavg) keep a
@@ -632,7 +634,7 @@ def test_table_of_runs_made_separately(tmp_path, capsys):
     cfg = tmp_path / "two" / "b" / "seed-0" / "fedavg" / "config.json"
     cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "num-server-rounds": 2}))
     runs = [tmp_path / "two" / p for p in ("a/seed-0/fedavg", "b/seed-0/fedavg", "fedavg@home")]
-    table = cmp.table_of_runs(runs, tmp_path / "two-table")
+    table, _ = cmp.table_of_runs(runs, tmp_path / "two-table")
     rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| ")][1:]
     assert rows == ["| a/seed-0/fedavg", "| b/seed-0/fedavg", "| fedavg@home"]
     assert "each run's own number of rounds" in table and "num-server-rounds (" in table

@@ -579,3 +579,24 @@ def test_mean_accuracy_leaves_out_round_0(tmp_path, monkeypatch):
           "client-state-dir": str(tmp_path / "cs")}
     s = run_inprocess(rc, 2)
     assert s["mean-accuracy"] == pytest.approx(0.55)
+
+
+def test_a_damaged_client_state_file_falls_back_to_the_round_before(tmp_path, caplog):
+    """Two rounds are kept so that a file lost to a crash mid-write leaves the one before it;
+    restore used to give up at the newest file (the client then started from nothing)."""
+    from flwr.app import ConfigRecord, Context, RecordDict
+
+    from flowerbed import client_state
+
+    cfg = Config.from_run_config({"client-state-dir": str(tmp_path)})
+
+    def ctx(state=None):
+        return Context(run_id=1, node_id=1, node_config={}, state=state or RecordDict(), run_config={})
+
+    for rnd in (1, 2):
+        client_state.save(cfg, ctx(RecordDict({"c": ConfigRecord({"round": rnd})})), "run-a", 0, rnd)
+    assert not list(tmp_path.rglob("*.tmp"))
+    (tmp_path / "run-a" / "partition-0" / "round-2.pt").write_bytes(b"PK\x03\x04 half a zip")
+    resumed = ctx()
+    assert client_state.restore(cfg.replace(resume="x"), resumed, "run-a", 0, 3) == 1
+    assert resumed.state["c"]["round"] == 1 and "cannot read its state" in caplog.text
