@@ -34,7 +34,11 @@ def configure_threads() -> None:
 
 
 def seeded_generator(*parts: int) -> torch.Generator:
-    """A torch generator seeded from several integers (e.g. seed, partition id, round)."""
+    """A torch generator seeded from several integers (e.g. seed, partition id, round).
+
+    It also seeds torch's global RNG with the same number, on purpose: what draws from it
+    inside a client's round (augmentations, random anchors, layer initialisation) then
+    repeats per client and round, in any process and after a resume."""
     seed = int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
     torch.manual_seed(seed)
     return torch.Generator().manual_seed(seed)
