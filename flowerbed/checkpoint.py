@@ -38,6 +38,17 @@ RESUMABLE_CHANGES = frozenset({"resume", "run-name", "output-dir", "num-server-r
                                "round-timeout", "fault-fraction", "fault-kind", "fault-crash-after"})
 
 
+
+
+def resumable_changes(saved: dict[str, Any]) -> frozenset[str]:
+    """:data:`RESUMABLE_CHANGES` for the run whose config is ``saved``: a Fed-ADE run's streams
+    (their shift schedule, the time steps) are built for its number of rounds, so more rounds
+    would be another stream with the earlier steps' rows kept from the first."""
+    if saved.get("method") == "fedade":
+        return RESUMABLE_CHANGES - {"num-server-rounds"}
+    return RESUMABLE_CHANGES
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be used to resume; the message names the file and the reason."""
 
@@ -218,17 +229,20 @@ def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """``"key: old -> new"`` for each run-config key of ``current`` that differs from ``saved``'s,
     :data:`RESUMABLE_CHANGES` aside; a key ``saved`` lacks (added since) is no change. What the
     launcher refuses before a resume starts."""
+    free = resumable_changes(saved)
     return [f"{k}: {saved.get(k)!r} -> {v!r}" for k, v in current.items()
-            if k not in RESUMABLE_CHANGES and saved.get(k, v) != v]
+            if k not in free and saved.get(k, v) != v]
 
 
 def check_compatible(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
     """A resumed run must be the same experiment: only :data:`RESUMABLE_CHANGES` may differ."""
-    diff = sorted(k for k in set(saved) | set(current)
-                  if k not in RESUMABLE_CHANGES and saved.get(k) != current.get(k))
+    free = resumable_changes(saved)
+    diff = sorted(k for k in set(saved) | set(current) if k not in free and saved.get(k) != current.get(k))
     if diff:
         shown = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in diff[:5])
         raise CheckpointError(f"resume: the run config differs from the checkpoint's in {shown} "
                               f"({path}); pass the original run config again (it is in the run's "
                               f"config.json; `flowerbed run --resume <run-dir>` does that), only "
-                              f"{sorted(RESUMABLE_CHANGES)} may change")
+                              f"{sorted(free)} may change"
+                              + (" (Fed-ADE's streams are built for its number of rounds)"
+                                 if free != RESUMABLE_CHANGES else ""))

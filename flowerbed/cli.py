@@ -39,6 +39,28 @@ def _federation_args(p: argparse.ArgumentParser, resumable: bool = False) -> Non
                    help="run-config overrides, flwr syntax: \"method='fedprox' lr=0.05\"")
 
 
+@contextlib.contextmanager
+def clients_are_partitions(num_clients: int) -> Iterator[None]:
+    """The launcher's clients are its partitions: a bad ``num-partitions`` names --num-clients."""
+    try:
+        yield
+    except ConfigError as e:
+        if e.key != "num-partitions":
+            raise
+        raise ConfigError("--num-clients", num_clients, e.allowed) from None
+
+
+def port(text: str) -> int:
+    """An argparse type: a TCP port."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (1-65535)")
+    return value
+
+
 def preflight(overrides: dict[str, Any], num_clients: int, gpus: float) -> Config:
     """Validate keys, values and the split here, before any process starts."""
     import torch
@@ -58,12 +80,8 @@ def preflight(overrides: dict[str, Any], num_clients: int, gpus: float) -> Confi
                           f"{torch.cuda.device_count()} GPUs")
     if num_clients < cfg.min_clients:
         raise ConfigError("--num-clients", num_clients, f"must be >= min-clients ({cfg.min_clients})")
-    try:
+    with clients_are_partitions(num_clients):
         client_partitions(cfg, num_clients)
-    except ConfigError as e:  # the launcher's clients are its partitions
-        if e.key != "num-partitions":
-            raise
-        raise ConfigError("--num-clients", num_clients, e.allowed) from None
     METHODS[cfg.method].strategy(cfg).check_setup(num_clients)  # what the ServerApp checks first
     if cfg.client_state_dir:  # the clients run here: they file their state there
         writable_folder("client-state-dir", cfg.client_state_dir)
@@ -99,7 +117,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             given = overrides.get(key, saved[key])
             if (given if key == "run-name" else str(Path(given).expanduser().resolve())) != saved[key]:
                 raise ConfigError(key, given, f"a resumed run stays where it is ({saved['resume']})")
-        from flowerbed.checkpoint import RESUMABLE_CHANGES, config_changes
+        from flowerbed.checkpoint import config_changes, resumable_changes
 
         changed = config_changes(Config.from_run_config(saved).to_run_config(),  # normalised,
                                  Config.from_run_config({**saved, **overrides}).to_run_config())
@@ -107,7 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if changed:  # the ServerApp refuses them too, but only after the engine has started
             raise ConfigError("--resume", args.resume, f"a resumed run keeps its config; this "
                               f"changes {', '.join(changed[:5])} (only "
-                              f"{', '.join(sorted(RESUMABLE_CHANGES - {'resume'}))} may change); "
+                              f"{', '.join(sorted(resumable_changes(saved) - {'resume'}))} may change); "
                               "start a new run for other settings")
         overrides = {**saved, **overrides}
         if args.num_clients is not None and n and args.num_clients != n:
@@ -243,7 +261,8 @@ def cmd_partitions(args: argparse.Namespace) -> int:
              "data-root": args.data_root, "min-partition-size": args.min_partition_size}
     cfg = Config.from_run_config({**_overrides(args), **{k: v for k, v in given.items() if v is not None}})
     train = train_set(cfg)
-    parts = client_partitions(cfg, args.num_clients)
+    with clients_are_partitions(args.num_clients):
+        parts = client_partitions(cfg, args.num_clients)
     warn_unheld(train.y.numpy(), parts, cfg.partition)  # as the server does
     hist = label_histogram(train.y.numpy(), parts, train.num_classes)
     width = max(6, len(str(hist.max())) + 1)
@@ -304,7 +323,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         from flowerbed.datasets.federated import export_partitions
 
         n = 2 if args.num_clients is None else args.num_clients
-        for f in export_partitions(cfg, n, Path(args.out or "client-data")):
+        with clients_are_partitions(n):
+            written = export_partitions(cfg, n, Path(args.out or "client-data"))
+        for f in written:
             print(f"{f}: {json.loads((f / 'partition.json').read_text())['num-train']} train samples")
     elif args.action == "up":
         if args.data_dirs and not Path(args.data_dirs).is_dir():
@@ -390,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     u = sub.add_parser("superlink", help="start/stop a background SuperLink for plain `flwr run .`")
     u.add_argument("action", choices=["up", "down"])
-    u.add_argument("--port", type=int, default=39191, help="SuperLink port (default 39191)")
+    u.add_argument("--port", type=port, default=39191, help="SuperLink port (default 39191)")
     u.set_defaults(fn=cmd_superlink)
 
     d = sub.add_parser("deploy", help="Flower's deployment engine: SuperLink + SuperNodes as processes")
@@ -403,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "one per client-<i> folder)")
     d.add_argument("--address", default="127.0.0.1",
                    help="address SuperNodes and flwr use to reach the SuperLink (default 127.0.0.1)")
-    d.add_argument("--port", type=int, default=8000, help="SuperLink port (default 8000)")
+    d.add_argument("--port", type=port, default=8000, help="SuperLink port (default 8000)")
     d.add_argument("--host-bind", default=None,
                    help="interface the SuperLink listens on (default: the --address itself "
                         "where it is a loopback address, else all interfaces, 0.0.0.0 or :: for "

@@ -29,6 +29,8 @@ PERSONAL_METHODS = ("fedfew", "ifca", "fedrep", "local", "fedavg-ft")
 #: self-supervised methods: trained on pairs of views, scored by a linear probe
 SSL_METHODS = ("fedsimclr", "fedbyol", "fedu", "fedx")
 MAX_EPSILON = 1e5  # FedXDS: a larger budget is no privacy (give fedxds-sigma for weak noise)
+MAX_TIMEOUT = 7 * 24 * 3600
+MAX_SIGMA = 1e3  # FedXDS: shared samples travel as float16 (at most 65504); a clipped sample's norm is C
 
 
 class ConfigError(ValueError):
@@ -272,7 +274,7 @@ class Config:
         if self.method in PERSONAL_METHODS and self.local_test_fraction == 0:
             raise ConfigError("local-test-fraction", 0.0, f"{self.method} is scored on the clients' "
                               "local test splits: set it > 0 (the FedFew paper: 0.25)")
-        if ((self.method in PERSONAL_METHODS or self.method == "fedade")
+        if ((self.method in PERSONAL_METHODS + DISTILL_METHODS or self.method == "fedade")
                 and self.fraction_evaluate == 0
                 and not (self.method == "fedfew" and self.fedfew_eval == "local")):
             raise ConfigError("fraction-evaluate", 0.0, f"{self.method} is scored by its clients' "
@@ -328,6 +330,9 @@ class Config:
         if self.fedxds_epsilon == 0 and not self.fedxds_sigma > 0:
             raise ConfigError("fedxds-sigma", self.fedxds_sigma,
                               "noise is mandatory: give sigma > 0 or epsilon > 0")
+        if self.fedxds_sigma > MAX_SIGMA:
+            raise ConfigError("fedxds-sigma", self.fedxds_sigma, f"must be <= {MAX_SIGMA:g} (shared "
+                              "samples travel as float16; a clipped sample's norm is fedxds-clip)")
         if self.method == "fedxds" and self.fedxds_warmup_rounds >= self.num_server_rounds:
             raise ConfigError("fedxds-warmup-rounds", self.fedxds_warmup_rounds,
                               f"must be < num-server-rounds ({self.num_server_rounds})")
@@ -347,6 +352,11 @@ class Config:
             raise ConfigError("fedade-ber-p", self.fedade_ber_p, "must be a probability in [0, 1]")
         if self.fedade_fixed_lr < 0:
             raise ConfigError("fedade-fixed-lr", self.fedade_fixed_lr, "must be >= 0")
+        steps = self.num_server_rounds // self.fedade_rounds_per_step
+        if self.method == "fedade" and self.fedade_schedule == "sin" and steps < 10:
+            raise ConfigError("fedade-schedule", "sin", f"needs at least 10 time steps (its period is "
+                              f"floor(sqrt(T - 1)), and below 3 every step has w = 0.5: no shift); "
+                              f"num-server-rounds / fedade-rounds-per-step gives {steps}")
         if self.method == "fedade" and self.num_server_rounds % self.fedade_rounds_per_step:
             k, r = self.fedade_rounds_per_step, self.num_server_rounds
             near = sorted({max(k, r // k * k), (r // k + 1) * k})
@@ -386,6 +396,8 @@ class Config:
             v = getattr(self, key.replace("-", "_"))
             if not (v > 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number > 0")
+        if self.round_timeout > MAX_TIMEOUT:
+            raise ConfigError("round-timeout", self.round_timeout, f"must be <= {MAX_TIMEOUT:g} s (a week)")
         for key in ("momentum", "byol-ema"):
             v = getattr(self, key.replace("-", "_"))
             if not 0 <= v < 1:
@@ -397,16 +409,17 @@ class Config:
                 raise ConfigError(key, v, "must be a finite number >= 0")
 
     def resolved_sigma(self) -> float:
-        """FedXDS noise std: ``fedxds-sigma``, or calibrated from (epsilon, delta) when epsilon > 0."""
-        if self.fedxds_epsilon > 0:
-            from flowerbed.privacy import sigma_for
+        """FedXDS noise std: ``fedxds-sigma``, or calibrated from (epsilon, delta) when epsilon > 0
+        (opacus finds none above about 26, far below :data:`MAX_SIGMA`)."""
+        if self.fedxds_epsilon == 0:
+            return self.fedxds_sigma
+        from flowerbed.privacy import sigma_for
 
-            try:
-                return sigma_for(self.fedxds_epsilon, self.fedxds_delta)
-            except ValueError as e:  # opacus: "The privacy budget is too low."
-                raise ConfigError("fedxds-epsilon", self.fedxds_epsilon, f"opacus finds no noise "
-                                  f"level for it at fedxds-delta = {self.fedxds_delta:g} ({e})") from None
-        return self.fedxds_sigma
+        try:
+            return sigma_for(self.fedxds_epsilon, self.fedxds_delta)
+        except ValueError as e:  # opacus: "The privacy budget is too low."
+            raise ConfigError("fedxds-epsilon", self.fedxds_epsilon, f"opacus finds no noise "
+                              f"level for it at fedxds-delta = {self.fedxds_delta:g} ({e})") from None
 
     def to_run_config(self) -> dict[str, Any]:
         """Back to Flower's flat kebab-case dict (what ``--run-config`` takes)."""
@@ -454,6 +467,9 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
     if name == "float" and math.isfinite(out) and abs(out) > FLOAT_LIMIT:
         raise ConfigError(key, value, f"out of range: at most {FLOAT_LIMIT:g} in size (models and "
                           "data are float32)")
+    if isinstance(out, str) and any(ord(c) < 32 or ord(c) == 127 for c in out):
+        raise ConfigError(key, value, "a string value may not contain control characters (a NUL "
+                          "ended a run in a bare 'embedded null byte' error)")
     if isinstance(out, str) and '"' in out:
         raise ConfigError(key, value, "a string value may not contain '\"' (Flower's run config "
                           "cannot carry it)")

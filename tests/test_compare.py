@@ -162,11 +162,21 @@ def test_seed_tables_show_a_streams_mean_accuracy_failures_and_skipped_rounds():
     (["deploy", "up", "--address", "no-such-host.invalid"], "cannot resolve it"),
     (["run", "-c", "client-state-dir='/etc/passwd/x'"], "/etc/passwd is a file"),
     (["deploy", "up", "--num-clients", "0"], "'--num-clients' = 0"),
+    # from an audit: these named num-partitions, or ended in a bare 'embedded null byte'
+    (["partitions", "--num-clients", "0"], "'--num-clients' = 0"),
+    (["deploy", "export-data", "--num-clients", "0"], "'--num-clients' = 0"),
+    (["run", "-c", 'run-name="a\\u0000b"'], "control characters"),
 ])
 def test_malformed_command_lines_get_one_line_not_a_traceback(argv, said, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_port_out_of_range_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as e:  # (flower-superlink printed its whole usage text)
+        cli.main(["superlink", "up", "--port", "99999"])
+    assert e.value.code == 2 and "'99999' is not a port (1-65535)" in capsys.readouterr().err
 
 
 def test_malformed_saved_configs_and_resume_by_key_are_one_line(tmp_path, capsys):

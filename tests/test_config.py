@@ -31,6 +31,7 @@ def test_defaults_come_from_pyproject():
     ("fraction-train", 0.0, "(0, 1]"),
     ("fraction-train", 1.5, "(0, 1]"),
     ("fraction-evaluate", -0.1, "[0, 1]"),
+    ("round-timeout", 1e29, "a week"),  # (a hanging fault client: time.sleep overflowed)
     ("local-test-fraction", 1.0, "[0, 1)"),
     ("lr", 0.0, "> 0"),
     ("lr", float("nan"), "> 0"),
@@ -87,6 +88,20 @@ def test_personalised_methods_need_a_local_test_split(method):
     with pytest.raises(ConfigError, match="'fraction-evaluate' = 0.0 is invalid: .* clients' evaluation"):
         Config.from_run_config({"method": method, "fraction-evaluate": 0.0})
     Config.from_run_config({"method": "fedfew", "fraction-evaluate": 0.0, "fedfew-eval": "local"})
+
+
+def test_settings_that_would_leave_nothing_to_measure_are_refused():
+    """From an audit: each ran to the end, or failed only after rounds had run."""
+    # the distillation methods are scored by their clients' predictions: no accuracy at all
+    with pytest.raises(ConfigError, match="'fraction-evaluate' = 0.0 .* feddf is scored by its clients"):
+        Config.from_run_config({"method": "feddf", "public-fraction": 0.1, "fraction-evaluate": 0.0})
+    # shared samples travel as float16: sigma 2e4 overflowed, and every client was refused
+    with pytest.raises(ConfigError, match="'fedxds-sigma' = 20000.0 .* <= 1000"):
+        Config.from_run_config({"method": "fedxds", "fedxds-sigma": 2e4})
+    # Fed-ADE's sin schedule over 9 steps or fewer has period 2: w = 0.5 at every step
+    with pytest.raises(ConfigError, match="'fedade-schedule' = 'sin' .* at least 10 time steps.* gives 9"):
+        Config.from_run_config({"method": "fedade", "fedade-schedule": "sin", "num-server-rounds": 18})
+    Config.from_run_config({"method": "fedade", "fedade-schedule": "sin", "num-server-rounds": 20})
 
 
 def test_unknown_key():

@@ -600,3 +600,15 @@ def test_a_damaged_client_state_file_falls_back_to_the_round_before(tmp_path, ca
     resumed = ctx()
     assert client_state.restore(cfg.replace(resume="x"), resumed, "run-a", 0, 3) == 1
     assert resumed.state["c"]["round"] == 1 and "cannot read its state" in caplog.text
+
+
+def test_a_fed_ade_run_is_not_extended_with_more_rounds(tmp_path):
+    """Fed-ADE's streams are built for its number of rounds (lin over 2 steps is w = 0, 1; over
+    4 it is 0, 1/3, 2/3, 1): an extended run mixed the kept steps of one stream with another."""
+    old = {"method": "fedade", "num-server-rounds": 4, "resume": ""}
+    with pytest.raises(checkpoint.CheckpointError, match="num-server-rounds: 4 -> 8.*Fed-ADE's streams"):
+        checkpoint.check_compatible(old, {**old, "num-server-rounds": 8}, tmp_path)
+    assert checkpoint.config_changes(old, {**old, "num-server-rounds": 8}) == ["num-server-rounds: 4 -> 8"]
+    checkpoint.check_compatible(old, {**old, "resume": "x"}, tmp_path)  # resuming it is fine
+    other = {**old, "method": "fedavg"}
+    assert checkpoint.config_changes(other, {**other, "num-server-rounds": 8}) == []
