@@ -33,18 +33,23 @@ def relational_loss(u1: torch.Tensor, u2: torch.Tensor, anchors: torch.Tensor, t
     a = F.normalize(anchors, dim=1)
     s1 = F.normalize(u1, dim=1) @ a.T
     s2 = F.normalize(u2, dim=1) @ a.T
+    # in log space: at small τ (or τ') a softmax entry underflows to 0, and M log M's gradient
+    # (official: M is not detached) or log(½(p1 + p2)) (js) is NaN or −inf
+    lp1, lp2 = F.log_softmax(s1 / tau, dim=1), F.log_softmax(s2 / tau, dim=1)
     if form == "official":
-        logp1, logp2 = F.log_softmax(s1 / tau, dim=1), F.log_softmax(s2 / tau, dim=1)
-        m = 0.5 * (F.softmax(s1 / tau_target, dim=1) + F.softmax(s2 / tau_target, dim=1))
-        return 0.5 * (F.kl_div(logp1, m, reduction="batchmean")
-                      + F.kl_div(logp2, m, reduction="batchmean"))
+        log_m = _log_mean(F.log_softmax(s1 / tau_target, dim=1), F.log_softmax(s2 / tau_target, dim=1))
+        return 0.5 * (F.kl_div(lp1, log_m, reduction="batchmean", log_target=True)
+                      + F.kl_div(lp2, log_m, reduction="batchmean", log_target=True))
     if form == "js":
-        # in log space: at small τ a softmax entry underflows to 0 and log(½(p1 + p2)) to −inf
-        lp1, lp2 = F.log_softmax(s1 / tau, dim=1), F.log_softmax(s2 / tau, dim=1)
-        log_m = torch.logsumexp(torch.stack([lp1, lp2]), dim=0) - math.log(2.0)
+        log_m = _log_mean(lp1, lp2)
         return 0.5 * (F.kl_div(log_m, lp1, reduction="batchmean", log_target=True)
                       + F.kl_div(log_m, lp2, reduction="batchmean", log_target=True))
     raise ValueError(f"unknown relational loss form '{form}' (official, js)")
+
+
+def _log_mean(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """log(½(p + q)) from log p and log q."""
+    return torch.logsumexp(torch.stack([logp, logq]), dim=0) - math.log(2.0)
 
 
 def byol_loss(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

@@ -41,6 +41,12 @@ def test_relational_loss_by_hand():
     loss = relational_loss(u1, u2, anchors, 0.005, 0.005, "js")
     loss.backward()
     assert loss.item() == pytest.approx(math.log(2), rel=1e-4) and torch.isfinite(u1.grad).all()
+    # the official form too (its target M is not detached: M log M's gradient was NaN at M = 0;
+    # a run with fedx-tau-target=0.002 failed every client in round 1)
+    u1.grad = None
+    loss = relational_loss(u1, u2, anchors, 0.005, 0.002, "official")
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(u1.grad).all()
 
 
 def test_official_target_is_not_detached():
