@@ -116,6 +116,8 @@ def evaluate(model: nn.Module, data: DataSet, device: torch.device,
     loss, correct = 0.0, 0
     for xb, yb in batches(data, batch_size, device):
         out = model(xb)
+        if torch.isnan(out).any():  # a diverged model: argmax would say class 0, scored as a guess
+            return float("nan"), float("nan")
         loss += float(F.cross_entropy(out, yb, reduction="sum"))
         correct += int((out.argmax(1) == yb).sum())
     return loss / len(data), correct / len(data)
@@ -220,6 +222,8 @@ def linear_probe(train_f: torch.Tensor, train_y: torch.Tensor, test_f: torch.Ten
             opt.step()
     with torch.no_grad():
         out = clf(xte)
+        if torch.isnan(out).any():  # diverged features or probe: not a guess of class 0
+            return float("nan"), float("nan")
         return float(F.cross_entropy(out, test_y)), float((out.argmax(1) == test_y).float().mean())
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -113,10 +114,15 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         row: dict[str, Any] = {"round": rnd, "rounds": cfg.num_server_rounds}
         res = (strategy.evaluate_global(rnd, arrays, train, test, device)
                if rnd == 0 or strategy.evaluates(rnd) else None)
+        nan_model = res is not None and not math.isfinite(res[1])  # NaN outputs (diverged)
+        if nan_model:
+            log.warning("round %d: the model's outputs are NaN (the run diverged: a step size too "
+                        "large?); no accuracy", rnd)
         if res is not None:
             loss, acc = res
             row.update(accuracy=acc, loss=loss)
-            if rnd > 0 and (best["accuracy"] is None or acc > best["accuracy"]):
+            if rnd > 0 and acc is not None and math.isfinite(acc) and (
+                    best["accuracy"] is None or acc > best["accuracy"]):
                 best.update(accuracy=acc, round=rnd)
         if rnd > 0:
             rl = strategy.take_round_log()
@@ -128,7 +134,8 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
                 "clients-sampled": len(rl.sampled), "clients-replied": rl.replied,
                 "clients-ok": len(rl.ok),
                 "clients-failed": len(rl.failed), "failures": rl.failed, "clients-lost": rl.lost,
-                "skipped": rl.skipped, "bytes-up": rl.bytes_up, "bytes-down": rl.bytes_down,
+                "skipped": rl.skipped, "diverged": rl.diverged or nan_model,
+                "bytes-up": rl.bytes_up, "bytes-down": rl.bytes_down,
                 "bytes-up-eval": rl.bytes_up_eval, "bytes-down-eval": rl.bytes_down_eval,
                 "per-client": {str(k): v for k, v in sorted(rl.clients.items())},
                 **fairness([v["evaluate-accuracy"] for v in rl.clients.values()
@@ -164,17 +171,25 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     rows = run_dir.rows
     aggregated = sum(1 for r in rows if r["round"] > 0 and not r.get("skipped"))
     if aggregated == 0:  # every client failed every round: the "result" is the initial model
-        raise NothingAggregated(
-            f"no round aggregated a client reply (every client failed in all "
-            f"{cfg.num_server_rounds} rounds; the reasons are in {run_dir.metrics_path}, "
-            "'failures'); no summary is written, the rounds' metrics and checkpoint are kept")
+        diverged = sum(1 for r in rows[1:] if r.get("diverged"))
+        why = (f"the aggregate held NaN or inf in {diverged} of {cfg.num_server_rounds} rounds: the "
+               "run diverged (a step size too large?), see 'diverged' and 'failures'" if diverged else
+               f"every client failed in all {cfg.num_server_rounds} rounds; the reasons are under "
+               "'failures'")
+        raise NothingAggregated(f"no round aggregated a client reply ({why} in {run_dir.metrics_path}); "
+                                "no summary is written, the rounds' metrics and checkpoint are kept")
     if aggregated < cfg.num_server_rounds:
         skipped = [r["round"] for r in rows if r.get("skipped")]
         log.warning("only %d of %d rounds aggregated client replies (skipped: %s; the reasons are "
                     "under 'failures' in %s)", aggregated, cfg.num_server_rounds,
                     ", ".join(map(str, skipped[:10])) + (" ..." if len(skipped) > 10 else ""),
                     run_dir.metrics_path)
-    final, final_client = _last_with(rows, "accuracy"), _last_with(rows, "client-accuracy")
+    # the last evaluated model's: a diverged one (NaN outputs) has none, not an earlier round's
+    final = next((r for r in reversed(rows) if r.get("accuracy") is not None or r.get("diverged")), {})
+    final_client = _last_with(rows, "client-accuracy")
+    if final.get("accuracy") is None and final_client.get("client-accuracy") is None:
+        log.warning("the run finished without an accuracy: every evaluation failed or diverged "
+                    "(see 'diverged' and 'failures' in %s)", run_dir.metrics_path)
     summary = {
         "method": cfg.method, "dataset": cfg.dataset, "partition": str(cfg.partition),
         "seed": cfg.seed, "num-clients": num_partitions, "rounds": cfg.num_server_rounds,

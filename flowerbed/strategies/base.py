@@ -106,6 +106,7 @@ class RoundLog:
     eval_metrics: dict[str, Any] = field(default_factory=dict)
     clients: dict[int, dict[str, Any]] = field(default_factory=dict)
     skipped: bool = False
+    diverged: bool = False       # the aggregate held NaN or inf: refused, the model kept
     lost: list[int] = field(default_factory=list)  # partitions whose node left the federation
 
 
@@ -325,6 +326,11 @@ class FlowerbedFedAvg(FedAvg):
                 messages=self.configure_train(rnd, arrays, ConfigRecord(dict(train_config)), grid),
                 timeout=timeout)
             agg_arrays, agg_metrics = self.aggregate_train(rnd, replies)
+            if agg_arrays is not None and not is_finite(agg_arrays):  # valid replies, too big a step
+                log.warning("round %d: the aggregated model holds NaN or inf (the run diverges: a "
+                            "step size too large?); the model is kept unchanged this round", rnd)
+                self.round.skipped = self.round.diverged = True
+                agg_arrays = None
             if agg_arrays is not None:
                 result.arrays = arrays = agg_arrays
             if agg_metrics is not None:
