@@ -164,3 +164,6 @@ def test_offline_mnist_is_one_line_with_advice_and_a_missing_root_is_said(tmp_pa
         load_dataset("mnist", train=True, data_root=str(tmp_path / "nowhere"))
     assert "\n" not in str(e.value) and "set data-root to a folder holding its IDX" in str(e.value)
     assert "does not exist" in caplog.text
+    (tmp_path / "a-file").write_text("x")  # (was "does not exist", then other data)
+    with pytest.raises(DataError, match="a-file is a file, not a folder"):
+        load_dataset("cifar10", train=True, data_root=str(tmp_path / "a-file"))

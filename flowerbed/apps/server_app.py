@@ -14,7 +14,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from flowerbed import checkpoint, client_state, faults
-from flowerbed.config import Config, ConfigError
+from flowerbed.config import SSL_METHODS, Config, ConfigError
 from flowerbed.datasets.federated import client_partitions, test_set, train_set
 from flowerbed.datasets.partition import warn_unheld
 from flowerbed.registry import METHODS
@@ -98,6 +98,10 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
                      {**identity, "server-device": str(device), **strategy.describe()},
                      resume_round=ckpt["round"] if ckpt else None)
     strategy.run_key = client_state.run_key(run_dir.path, run_dir.run_id)
+    if cfg.method in SSL_METHODS and cfg.local_test_fraction > 0:
+        log.warning("%s's clients never evaluate: local-test-fraction=%g holds that share of each "
+                    "client's data out of training, unused; set it to 0 (the fedx presets do)",
+                    cfg.method, cfg.local_test_fraction)
     log.info("run directory: %s | %s on %s, %s, %d clients, server device %s", run_dir.path,
              cfg.method, cfg.dataset, cfg.partition, num_partitions, device)
 

@@ -83,6 +83,8 @@ class DataSet:
 
 def load_dataset(name: str, train: bool, data_root: str = "") -> DataSet:
     """The train or test split of ``name``; cached per process (Flower may run any client here)."""
+    if data_root and Path(data_root).expanduser().exists() and not Path(data_root).expanduser().is_dir():
+        raise DataError(f"data-root {data_root} is a file, not a folder")
     return _load_cached(name, bool(train), str(data_root or ""))
 
 
