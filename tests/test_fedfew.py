@@ -406,3 +406,10 @@ def test_multi_model_client_picks_the_lowest_training_loss(monkeypatch):
     k, got = ff.MultiModelClient.best_model(SimpleNamespace(train_data=None, device=None),
                                             ["a", "b", "c"])
     assert k == 1 and got == [2.0, 0.5, 1.0]
+
+
+@pytest.mark.parametrize("strategy", [FedFewStrategy, IFCAStrategy])
+def test_more_models_than_clients_is_warned(strategy, caplog):
+    cfg = Config.from_run_config({"method": "fedfew", "num-models": 5, "local-test-fraction": 0.25})
+    strategy(cfg).check_setup(3)
+    assert "num-models=5 is more than the 3 clients: at least 2 models can serve no client" in caplog.text

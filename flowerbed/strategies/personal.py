@@ -8,12 +8,16 @@ ServerApp adds min, max, std and Jain's index across clients for every method).
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from flowerbed.datasets.loading import DataSet
 from flowerbed.strategies.base import FlowerbedFedAvg
 from flowerbed.training import to_record
+
+log = logging.getLogger("flowerbed")
 
 
 class PersonalStrategy(FlowerbedFedAvg):
@@ -62,6 +66,12 @@ class KModelStrategy(PersonalStrategy):
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.k = cfg.num_models
+
+    def check_setup(self, num_partitions: int) -> None:
+        if self.k > num_partitions:
+            log.warning("num-models=%d is more than the %d clients: at least %d models can serve "
+                        "no client, and each round sends all %d to every client", self.k,
+                        num_partitions, self.k - num_partitions, self.k)
 
     def models_content(self, arrays: ArrayRecord) -> RecordDict:
         return RecordDict({f"model.{k}": rec for k, rec in enumerate(unpack(arrays, self.k))})
