@@ -130,9 +130,15 @@ def unnamed(cert_path: Path, hosts: list[str]) -> list[str]:
     return sorted(h for h in hosts if canon(h) not in named)
 
 
-def make_node_key(path: Path) -> Path:
-    """An EC key pair for SuperNode authentication: ``path`` (private) and ``path.pub``."""
+def make_node_key(path: Path, force: bool = False) -> Path:
+    """An EC key pair for SuperNode authentication: ``path`` (private) and ``path.pub``; an
+    existing pair is kept unless ``force`` (a registered SuperNode could not authenticate)."""
     path = Path(path)
+    if not force and (path.exists() or path.with_name(path.name + ".pub").exists()):
+        from flowerbed.config import ConfigError
+
+        raise ConfigError("--out", str(path), "holds a key pair already (a SuperNode may be "
+                          "registered with it); --force replaces it")
     path.parent.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP384R1())
     _write_private(path, key.private_bytes(serialization.Encoding.PEM,

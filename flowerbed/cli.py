@@ -123,10 +123,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                                  Config.from_run_config({**saved, **overrides}).to_run_config())
         # as the ServerApp compares them (dirichlet:1 is dirichlet:1.0)
         if changed:  # the ServerApp refuses them too, but only after the engine has started
+            free = sorted(resumable_changes(saved) - {"resume", "run-name", "output-dir"})
             raise ConfigError("--resume", args.resume, f"a resumed run keeps its config; this "
-                              f"changes {', '.join(changed[:5])} (only "
-                              f"{', '.join(sorted(resumable_changes(saved) - {'resume'}))} may change); "
-                              "start a new run for other settings")
+                              f"changes {', '.join(changed[:5])} (only {', '.join(free)} may "
+                              "change); start a new run for other settings")
         overrides = {**saved, **overrides}
         if args.num_clients is not None and n and args.num_clients != n:
             raise ConfigError("--num-clients", args.num_clients, f"the run in {args.resume} has "
@@ -260,6 +260,15 @@ def cmd_partitions(args: argparse.Namespace) -> int:
     given = {"dataset": args.dataset, "partition": args.partition, "seed": args.seed,
              "data-root": args.data_root, "min-partition-size": args.min_partition_size}
     cfg = Config.from_run_config({**_overrides(args), **{k: v for k, v in given.items() if v is not None}})
+    # the plot's file first: a bad --out used to come after the whole table
+    name = f"partitions-{cfg.dataset}-{str(cfg.partition).replace(':', '')}.png"
+    out = Path(args.out or name).expanduser()
+    out = out / name if out.is_dir() else out  # a folder: the default name in it
+    from matplotlib.figure import Figure
+
+    if out.suffix.lower()[1:] not in (kinds := Figure().canvas.get_supported_filetypes()):
+        raise ConfigError("--out", args.out, f"a file matplotlib can write ({', '.join(kinds)}) "
+                          "or a folder")
     train = train_set(cfg)
     with clients_are_partitions(args.num_clients):
         parts = client_partitions(cfg, args.num_clients)
@@ -270,14 +279,6 @@ def cmd_partitions(args: argparse.Namespace) -> int:
     print("client " + "".join(f"{c:>{width}}" for c in range(train.num_classes)) + f"{'total':>8}")
     for i, row in enumerate(hist):
         print(f"{i:>6} " + "".join(f"{v:>{width}}" for v in row) + f"{row.sum():>8}")
-    name = f"partitions-{cfg.dataset}-{str(cfg.partition).replace(':', '')}.png"
-    out = Path(args.out or name).expanduser()
-    out = out / name if out.is_dir() else out  # a folder: the default name in it
-    from matplotlib.figure import Figure
-
-    if out.suffix.lower()[1:] not in (kinds := Figure().canvas.get_supported_filetypes()):
-        raise ConfigError("--out", args.out, f"a file matplotlib can write ({', '.join(kinds)}) "
-                          "or a folder")
     out.parent.mkdir(parents=True, exist_ok=True)
     plot_histogram(train.y.numpy(), parts, out, f"{cfg.dataset} {cfg.partition} (seed {cfg.seed})")
     print(f"plot: {out.resolve()}")
@@ -315,7 +316,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         files = certs.make_certs(out, hosts)
         print(f"CA {files['ca']}, SuperLink certificate {files['cert']} (+ key) for {', '.join(hosts)}")
     elif args.action == "node-key":
-        pub = certs.make_node_key(Path(args.out or home / "keys" / "supernode-0"))
+        pub = certs.make_node_key(Path(args.out or home / "keys" / "supernode-0"), force=args.force)
         print(f"private key {pub.with_suffix('')}, public key {pub} "
               f"(register it: flwr supernode register {pub} <connection>)")
     elif args.action == "export-data":
@@ -347,7 +348,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                   "data-dir": str(Path(args.data_dirs).resolve() / f"client-{i}") if args.data_dirs else ""}
                  for i in range(args.num_clients)]
         dep = deploy.up(deploy.Deployment(home=home, address=f"{args.address}:{args.port}",
-                                          insecure=args.insecure, auth=args.auth),
+                                          insecure=args.insecure, auth=args.auth,
+                                          own_data=bool(args.data_dirs)),
                         args.num_clients, host=args.host_bind or deploy.bind_for(args.address),
                         node_extra=extra, cert_hosts=args.host)
         print(f"SuperLink on {dep.address} ({'insecure' if dep.insecure else 'TLS'}"
@@ -358,8 +360,16 @@ def cmd_deploy(args: argparse.Namespace) -> int:
               f"flwr run . {deploy.CONNECTION} --stream")
     elif args.action == "run":
         overrides = _overrides(args)
-        with place_run(overrides, Config.from_run_config(overrides), "deploy"):
-            print(json.dumps(deploy.run(deploy.Deployment.load(home), overrides), indent=2))
+        dep = deploy.Deployment.load(home)
+        n = dep.supernodes()
+        if args.num_clients not in (None, n):
+            raise ConfigError("--num-clients", args.num_clients, f"the deployment in {dep.home} has "
+                              f"{n} SuperNodes (`deploy up --num-clients` sets them)")
+        # as `run` does, before anything starts: the split is checked unless the SuperNodes
+        # read their own data folders (then each one's data is what it holds)
+        cfg = Config.from_run_config(overrides) if dep.own_data else preflight(overrides, n, 0.0)
+        with place_run(overrides, cfg, "deploy"):
+            print(json.dumps(deploy.run(dep, overrides), indent=2))
     elif args.action == "status":
         dep = deploy.Deployment.load(home)
         for name, pid in dep.pids.items():
@@ -368,6 +378,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             print("the SuperLink is gone: restart with `flowerbed deploy down`, then `up`")
         else:
             print(f"SuperNodes online (flwr supernode list): {deploy.online_nodes(dep)}")
+    elif not (Path(home).expanduser() / "pids.json").exists():  # as `superlink down`: not an error
+        print(f"no deployment was started from {Path(home).expanduser().resolve()}: nothing to stop")
     else:
         print("stopped: " + ", ".join(deploy.down(deploy.Deployment.load(home))))
     return 0
@@ -433,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra name/IP for the SuperLink's TLS certificate (repeatable)")
     d.add_argument("--insecure", action="store_true", help="no TLS (plain HTTP); only when asked")
     d.add_argument("--force", action="store_true",
-                   help="certs: replace existing certificates (and their CA)")
+                   help="certs, node-key: replace existing certificates (and their CA), or key pair")
     d.add_argument("--auth", action="store_true",
                    help="SuperNode authentication: only registered keys may connect")
     d.add_argument("--data-root", default="", help="data set folder the SuperNodes read")
@@ -450,13 +462,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--partition", default=None, help="default: the preset's or -c's, else dirichlet:0.5")
     s.add_argument("--num-clients", type=int, default=10, help="clients to split among (default 10)")
     s.add_argument("--seed", type=int, default=None, help="default: the preset's or -c's, else 0")
-    s.add_argument("--data-root", default=None)
-    s.add_argument("--min-partition-size", type=int, default=None)
+    s.add_argument("--data-root", default=None,
+                   help="folder holding the data set's files (default: as a run finds them)")
+    s.add_argument("--min-partition-size", type=int, default=None,
+                   help="dirichlet: redraw until every client has this many samples "
+                        "(default: the preset's or -c's, else 10)")
     s.add_argument("--preset", default=None,
                    help="a TOML file of run-config values: shows the split that preset's runs use")
     s.add_argument("--run-config", "-c", action="append", default=[],
                    help="run-config overrides (train-samples, public-fraction, ...), flwr syntax")
-    s.add_argument("--out", default=None, help="PNG path")
+    s.add_argument("--out", default=None, help="the plot: a file (PNG, PDF, SVG, ...) or a folder "
+                   "(default: partitions-<data set>-<partition>.png here)")
     s.set_defaults(fn=cmd_partitions)
     return p
 

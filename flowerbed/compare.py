@@ -94,9 +94,23 @@ def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
     keep_earlier_tables(out, resume, methods)  # once the plan stands: a refusal moves nothing
     results: dict[str, dict[str, Any]] = {}
     nothing_to_run = all(action == "keep" for _, action in plan.values())
+    try:
+        _run_plan(out, plan, results, fed, nothing_to_run)
+    except KeyboardInterrupt:  # Ctrl-C: the runs that finished still get their table
+        if results:
+            _write_tables(out, results, overrides, num_clients)
+            log.warning("compare: interrupted; the table holds the %d run(s) that ended; "
+                        "`--resume` with the same command runs the rest", len(results))
+        raise
+    return _write_tables(out, results, overrides, num_clients)
+
+
+def _run_plan(out: Path, plan: dict[str, tuple[dict[str, Any], str]],
+              results: dict[str, dict[str, Any]], fed: dict[str, Any], nothing_to_run: bool) -> None:
+    """Each planned run in order (kept, resumed or fresh), its summary into ``results``."""
     with (contextlib.nullcontext((None, None)) if nothing_to_run  # no SuperLink to start
           else engine.local_superlink()) as (home, conn):
-        for m in methods:
+        for m in plan:
             rc, action = plan[m]
             name = rc["run-name"]
             run_dir = out / name
@@ -115,10 +129,15 @@ def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
                 log.error("%s", e)
                 results[m] = {"error": str(e)}
             (out / "results.json").write_text(json.dumps(results, indent=2))
+
+
+def _write_tables(out: Path, results: dict[str, dict[str, Any]], overrides: dict[str, Any],
+                  num_clients: int) -> str:
+    """A comparison's ``results.json``, ``table.md`` and plots, of the runs in ``results``."""
     (out / "results.json").write_text(json.dumps(results, indent=2))  # also when all were kept
-    curves = {m: read_metrics(out / run_label(m)) for m in methods if "error" not in results[m]}
+    curves = {m: read_metrics(out / run_label(m)) for m, r in results.items() if "error" not in r}
     plot_comparison(curves, out, _title(overrides, num_clients),
-                    [m for m in methods if "error" in results[m]])
+                    [m for m, r in results.items() if "error" in r])
     table = markdown_table(results, overrides, num_clients)
     (out / "table.md").write_text(table + "\n")
     log.info("compare: wrote %s", out)
@@ -141,7 +160,7 @@ def set_aside(path: Path) -> Path:
 
 
 def keep_earlier_tables(out: Path, resume: bool, methods: list[str],
-                        seeds: list[int] | None = None) -> None:
+                        seeds: list[int] | None = None, command: str = "compare") -> None:
     """A comparison into a folder that holds an earlier one's tables sets them aside: a fresh
     one always, a resumed one where they hold methods or seeds it does not run (its tables
     would drop their rows; the runs themselves stay where they are)."""
@@ -156,11 +175,11 @@ def keep_earlier_tables(out: Path, resume: bool, methods: list[str],
         extra += [f"seed {s}" for s in sorted(set(earlier.get("seeds", [])) - set(seeds or []))]
         if not extra:
             return
-        log.warning("compare: the earlier tables also hold %s, which this comparison does not run",
-                    ", ".join(map(str, extra)))
+        log.warning("%s: the earlier tables also hold %s, which this comparison does not run",
+                    command, ", ".join(map(str, extra)))
     for f in TABLES:
         if (out / f).exists():
-            log.warning("compare: the earlier %s was moved to %s", f, set_aside(out / f))
+            log.warning("%s: the earlier %s was moved to %s", command, f, set_aside(out / f))
 
 
 def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
@@ -180,7 +199,7 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
                           "the folder aside to run that method afresh") from None
     current = {**Config.from_run_config(rc).to_run_config(), "num-partitions": num_clients}
     if diff := config_changes(saved, current):
-        shown = ", ".join(diff[:5])
+        shown = ", ".join(diff[:5]).replace("num-partitions:", "num-partitions (--num-clients):")
         raise ConfigError("--resume", str(run_dir), f"the earlier run there differs in {shown}; "
                           "rerun without --resume (it is moved aside) or pass its settings again")
     asked = current["num-server-rounds"]
@@ -496,8 +515,9 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
 
     for key in SPLIT_KEYS:
         if differs(key):
-            raise ConfigError(key, values(key), "the runs were not on the same data; a table "
-                              "compares methods on the same partitions and seed")
+            raise ConfigError("RUN_DIR", "; ".join(labels.values()), f"the runs were not on the "
+                              f"same data: their {key} differs ({values(key)}); a table compares "
+                              "methods on the same partitions and seed")
     differ = sorted(k for k in set(defaults()) - BOOKKEEPING if differs(k))
     results = {labels[d]: _summary(d) for d in runs}
     curves = {}
@@ -520,7 +540,7 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
     table = "\n".join(lines)
     out = out or new_folder(Path("runs"), "table")  # made once the runs are accepted
     out.mkdir(parents=True, exist_ok=True)
-    keep_earlier_tables(out, False, list(results))
+    keep_earlier_tables(out, False, list(results), command="table")
     (out / "results.json").write_text(json.dumps(results, indent=2))
     plot_comparison(curves, out, _title(shared, n), [m for m in results if m not in curves])
     (out / "table.md").write_text(table + "\n")

@@ -67,6 +67,7 @@ class Deployment:
     auth: bool = False
     pids: dict[str, int] = field(default_factory=dict)
     starts: dict[str, int | None] = field(default_factory=dict)  # each process's start time
+    own_data: bool = False  # SuperNodes read their own data folders (up --data-dirs)
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).resolve()
@@ -103,6 +104,10 @@ class Deployment:
     def alive(self, name: str) -> bool:
         return _alive(self.pids[name], self.starts.get(name))
 
+    def supernodes(self) -> int:
+        """How many SuperNodes ``up`` started."""
+        return sum(1 for name in self.pids if name.startswith("supernode-"))
+
     def superlink_gone(self) -> bool:
         """``up`` started a SuperLink here and it no longer runs."""
         return "superlink" in self.pids and not self.alive("superlink")
@@ -116,7 +121,7 @@ class Deployment:
 
         write_json_atomic(self.home / "pids.json", {
             "address": self.address, "insecure": self.insecure, "auth": self.auth,
-            "pids": self.pids, "starts": self.starts})
+            "own-data": self.own_data, "pids": self.pids, "starts": self.starts})
 
     @classmethod
     def load(cls, home: Path = DEFAULT_HOME) -> Deployment:
@@ -127,6 +132,7 @@ class Deployment:
         try:
             d = json.loads(f.read_text())
             return cls(home=home, address=d["address"], insecure=d["insecure"], auth=d["auth"],
+                       own_data=bool(d.get("own-data", False)),
                        pids={k: int(v) for k, v in d["pids"].items()},
                        starts={k: v for k, v in d.get("starts", {}).items()})
         except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -321,7 +327,7 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
         for i in range(num_nodes):
             if dep.auth:
                 if not dep.node_key(i).exists():
-                    certs.make_node_key(dep.node_key(i))
+                    certs.make_node_key(dep.node_key(i), force=True)  # (a lone .pub: unusable)
                 register_node(dep, i)
             extra = (node_extra or [{}] * num_nodes)[i]
             p = spawn(supernode_cmd(dep, i, num_nodes, free_port(), **extra),

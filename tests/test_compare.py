@@ -619,8 +619,8 @@ def test_table_of_runs_made_separately(tmp_path, capsys, caplog):
     # another seed is other partitions: refused, naming the key, and nothing written
     assert cli.main(["table", str(tmp_path / "fedavg"), str(tmp_path / "other-seed"),
                      "--out", str(tmp_path / "refused")]) == 2
-    assert "'seed' = 'fedavg: 0; other-seed (fedavg): 1' is invalid: the runs were not on the same data" \
-        in capsys.readouterr().err
+    assert ("'RUN_DIR' = 'fedavg; other-seed (fedavg)' is invalid: the runs were not on the same data: "
+            "their seed differs (fedavg: 0; other-seed (fedavg): 1)") in capsys.readouterr().err
     assert not (tmp_path / "refused").exists()
     # a folder of runs stands for the runs in it; a run that did not finish is a failed row
     (tmp_path / "other-seed" / "config.json").unlink()  # (not a run any more)
@@ -653,3 +653,26 @@ def test_table_of_runs_made_separately(tmp_path, capsys, caplog):
     (tmp_path / "seeds" / "seed-0").mkdir(parents=True)
     assert cli.main(["table", str(tmp_path / "seeds")]) == 2
     assert "give one of its seed-0 folders" in capsys.readouterr().err
+
+
+def test_ctrl_c_in_a_comparison_leaves_the_table_of_the_runs_that_ended(tmp_path, monkeypatch, caplog):
+    """From a README walk-through: Ctrl-C during the second method left results.json but no
+    table.md or plot for the first. (The engine is faked: the real Ctrl-C path through flwr is
+    tested in test_e2e; this is the comparison's own bookkeeping.)"""
+    from flowerbed import engine
+
+    def fake_run(home, conn, rc, fed, log_file=None):
+        if rc["run-name"] != "fedavg":
+            raise KeyboardInterrupt
+        run = tmp_path / "fedavg"
+        run.mkdir()
+        (run / "metrics.jsonl").write_text(json.dumps({"round": 0, "accuracy": 0.1}) + "\n"
+                                           + json.dumps({"round": 1, "accuracy": 0.5}) + "\n")
+        return {"final-accuracy": 0.5, "rounds": 1}
+
+    monkeypatch.setattr(engine, "local_superlink", lambda: contextlib.nullcontext((None, None)))
+    monkeypatch.setattr(engine, "flwr_run", fake_run)
+    with pytest.raises(KeyboardInterrupt):
+        cmp.compare(["fedavg", "fedprox"], {"num-server-rounds": 1}, 2, out=tmp_path)
+    assert "| fedavg | 50.00 |" in (tmp_path / "table.md").read_text()
+    assert (tmp_path / "accuracy.png").exists() and "interrupted" in caplog.text

@@ -48,9 +48,14 @@ def test_certificates_and_node_keys_are_what_flower_reads(tmp_path):
     cert.verify_directly_issued_by(ca)
     assert oct(files["key"].stat().st_mode)[-3:] == "600"
     pub = certs.make_node_key(tmp_path / "keys" / "supernode-0")
+    pub_text = pub.read_bytes()
     key = load_ssh_private_key((tmp_path / "keys" / "supernode-0").read_bytes(), None)
     assert isinstance(key, ec.EllipticCurvePrivateKey)  # flower-supernode refuses other kinds
     assert isinstance(load_ssh_public_key(pub.read_bytes()), ec.EllipticCurvePublicKey)
+    # a second node-key over the pair (a registered SuperNode's) is refused, unless --force
+    with pytest.raises(ConfigError, match="holds a key pair already.*--force"):
+        certs.make_node_key(tmp_path / "keys" / "supernode-0")
+    assert certs.make_node_key(tmp_path / "keys" / "supernode-0", force=True).read_bytes() != pub_text
 
 
 def test_certificates_pass_strict_x509_verification(tmp_path):
@@ -494,6 +499,26 @@ def test_a_dead_superlink_is_named_by_run_and_status(tmp_path, capsys):
         deploy.run(deploy.Deployment.load(tmp_path), {"output-dir": str(tmp_path), "run-name": "r"})
     assert cli.main(["deploy", "status", "--home", str(tmp_path)]) == 0
     assert "the SuperLink is gone" in capsys.readouterr().out
+
+
+def test_deploy_run_checks_the_split_against_its_supernodes_before_it_starts(tmp_path, capsys):
+    """From a README walk-through: `deploy run` sent an impossible split to the SuperLink and
+    ended in a garbled ClientSetupError; `--num-clients` was silently ignored. (Nothing here
+    runs: the refusals come before any process is asked.)"""
+    from flowerbed import cli
+
+    dep = deploy.Deployment(home=tmp_path, insecure=True)
+    dep.pids = {"superlink": 1, "supernode-0": 2, "supernode-1": 3, "supernode-2": 4}
+    dep.save()
+    assert deploy.Deployment.load(tmp_path).supernodes() == 3
+    home = ["--home", str(tmp_path)]
+    assert cli.main(["deploy", "run", *home, "-c", "partition='pathological:11'"]) == 2
+    assert "'partition' = 'pathological:11'" in capsys.readouterr().err
+    assert cli.main(["deploy", "run", *home, "--num-clients", "5"]) == 2
+    assert "has 3 SuperNodes" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+    assert cli.main(["deploy", "down", "--home", str(tmp_path / "none")]) == 0  # as superlink down
+    assert "nothing to stop" in capsys.readouterr().out
 
 
 def test_stop_group_of_a_process_that_leads_no_group_spares_the_group():

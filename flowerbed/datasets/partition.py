@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -85,7 +86,7 @@ def check_partition(labels: np.ndarray, partition: Partition, num_partitions: in
 
 
 def warn_unheld(labels: np.ndarray, parts: list[np.ndarray], partition: Partition) -> None:
-    """Warn when the split leaves samples to no client (``pathological:k`` with clients × k
+    """Warn when the split leaves samples to no client (``pathological:k`` with clients + k − 1
     below the number of classes): those classes are never trained on, yet tested."""
     labels = np.asarray(labels)
     used = np.concatenate(parts) if parts else np.zeros(0, np.int64)
@@ -116,8 +117,8 @@ def _split(labels, partition, num_partitions, seed, min_size) -> tuple[np.ndarra
         part = fp.DirichletPartitioner(num_partitions=num_partitions, partition_by="label",
                                        alpha=float(p), min_partition_size=min_size, seed=seed)
     elif kind == "pathological":
-        # "deterministic" gives client i the classes i, i+1, ... (mod C), so every class is held by
-        # some client whenever num_partitions * k >= C; "random" can leave classes unheld.
+        # "deterministic" gives client i the classes i, ..., i+k-1 (mod C), so every class is held
+        # by some client whenever num_partitions + k - 1 >= C; "random" can leave classes unheld.
         part = fp.PathologicalPartitioner(num_partitions=num_partitions, partition_by="label",
                                           num_classes_per_partition=int(p),
                                           class_assignment_mode="deterministic", seed=seed)
@@ -126,8 +127,11 @@ def _split(labels, partition, num_partitions, seed, min_size) -> tuple[np.ndarra
                                    num_shards_per_partition=int(p), seed=seed)
     part.dataset = ds
     try:
-        out = tuple(np.asarray(part.load_partition(i)["idx"], dtype=np.int64)
-                    for i in range(num_partitions))
+        with warnings.catch_warnings():  # its unused-classes hint names its own option, not
+            # one of ours; warn_unheld says which classes no client holds
+            warnings.filterwarnings("ignore", message="Classes: .* will NOT be used")
+            out = tuple(np.asarray(part.load_partition(i)["idx"], dtype=np.int64)
+                        for i in range(num_partitions))
     except ValueError as e:
         hint = ""
         if kind == "dirichlet":  # flwr-datasets redraws at most 10 times, then gives up

@@ -182,8 +182,11 @@ class FlowerbedFedAvg(FedAvg):
         for reply in grid.send_and_receive(msgs, timeout=timeout):
             if reply.has_error():
                 self.whoami_error = short_reason(reply.error.reason)
-                log.warning("node %s did not answer whoami: %s", reply.metadata.src_node_id,
-                            self.whoami_error)
+                sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}
+                node = sent_to.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+                log.warning("node %s did not answer whoami: %s%s", node, self.whoami_error,
+                            "" if node == reply.metadata.src_node_id else " (the SuperLink answered "
+                            "for it: a node that left, or one of an earlier deployment it still lists)")
                 continue
             node = reply.metadata.src_node_id
             try:
