@@ -299,10 +299,11 @@ def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any]
         ("wall s", lambda s: f"{s.get('wall-seconds', 0):.0f}")]
     rows = [[m, *(["failed", *["-"] * (len(cols) - 1)] if "error" in s
                   else [cell(s) for _, cell in cols])] for m, s in results.items()]
-    lines = [f"Same partitions and seed for every method: {_title(overrides, n)}, "
+    varied = exceptions(results) if variants else []
+    but = " (except the rows named below)" if varied else ""
+    lines = [f"Same partitions and seed for every method{but}: {_title(overrides, n)}, "
              f"{_rounds(overrides)}.", "",
-             *md_table(["method", *(h for h, _ in cols)], rows),
-             *(exceptions(results) if variants else []), *skipped_rounds(results)]
+             *md_table(["method", *(h for h, _ in cols)], rows), *varied, *skipped_rounds(results)]
     return "\n".join(lines + notes(client, stream))
 
 
