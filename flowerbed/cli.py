@@ -361,6 +361,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     elif args.action == "run":
         overrides = _overrides(args)
         dep = deploy.Deployment.load(home)
+        deploy.check_superlink(dep)  # before the data loads for the split check
         n = dep.supernodes()
         if args.num_clients not in (None, n):
             raise ConfigError("--num-clients", args.num_clients, f"the deployment in {dep.home} has "

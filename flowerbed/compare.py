@@ -271,8 +271,9 @@ def skipped_rounds(results: dict[str, dict[str, Any]]) -> list[str]:
              for m, s in results.items()
              if "error" not in s and s.get("rounds-aggregated") is not None
              and s["rounds-aggregated"] < s["rounds"]]
-    return ["", "Rounds skipped (fewer than min-clients valid replies; the reasons are under "
-            "'failures' in the run's metrics.jsonl): " + "; ".join(short) + "."] if short else []
+    return ["", "Rounds skipped (fewer than min-clients valid replies, or an aggregate that held "
+            "NaN or inf; the reasons are under 'failures' and 'diverged' in the run's "
+            "metrics.jsonl): " + "; ".join(short) + "."] if short else []
 
 
 def notes(client: bool, stream: bool) -> list[str]:

@@ -398,8 +398,6 @@ class Config:
                 raise ConfigError(key, v, "must be a finite number > 0")
         if self.ssl_dim > 8192:  # the heads' width: 2**30 failed to allocate in the ServerApp
             raise ConfigError("ssl-dim", self.ssl_dim, "must be <= 8192 (FedX uses 512)")
-        if self.fedfew_mu < 1e-6:  # smaller: exp(-L/mu) leaves float64, the weights are NaN
-            raise ConfigError("fedfew-mu", self.fedfew_mu, "must be >= 1e-6 (the paper sweeps 0.001 to 1)")
         if self.round_timeout > MAX_TIMEOUT:
             raise ConfigError("round-timeout", self.round_timeout, f"must be <= {MAX_TIMEOUT:g} s (a week)")
         for key in ("momentum", "byol-ema"):

@@ -376,12 +376,17 @@ def down(dep: Deployment) -> list[str]:
     return stopped
 
 
-def run(dep: Deployment, run_config: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-    """``flwr run <project> flowerbed-deploy`` on this deployment; returns summary.json."""
+def check_superlink(dep: Deployment) -> None:
+    """A DeployError when ``up`` started a SuperLink here and it no longer runs."""
     if dep.superlink_gone():
         raise DeployError(f"the SuperLink of {dep.home} is not running (pid {dep.pids['superlink']} "
                           f"is gone; its log: {dep.log_file('superlink')}); restart the deployment "
                           "with `flowerbed deploy down`, then `up`")
+
+
+def run(dep: Deployment, run_config: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """``flwr run <project> flowerbed-deploy`` on this deployment; returns summary.json."""
+    check_superlink(dep)
     return flwr_run(dep.home, CONNECTION, run_config, None, **kwargs)
 
 

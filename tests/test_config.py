@@ -32,7 +32,6 @@ def test_defaults_come_from_pyproject():
     ("fraction-train", 1.5, "(0, 1]"),
     ("fraction-evaluate", -0.1, "[0, 1]"),
     ("round-timeout", 1e29, "a week"),  # (a hanging fault client: time.sleep overflowed)
-    ("fedfew-mu", 1e-9, ">= 1e-6"),  # (exp(-L/mu) left float64: NaN weights)
     ("ssl-dim", 2 ** 30, "<= 8192"),
     ("local-test-fraction", 1.0, "[0, 1)"),
     ("lr", 0.0, "> 0"),

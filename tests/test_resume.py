@@ -614,17 +614,30 @@ def test_a_fed_ade_run_is_not_extended_with_more_rounds(tmp_path):
     assert checkpoint.config_changes(other, {**other, "num-server-rounds": 8}) == []
 
 
-def test_a_diverged_run_reports_no_accuracy_and_keeps_its_model(tmp_path, monkeypatch):
+def test_a_diverged_run_reports_no_accuracy_and_keeps_its_model(tmp_path, monkeypatch, caplog):
     """From an audit: a model with NaN outputs scored the share of class 0 (argmax of NaN), and
     a NaN aggregate was taken as the next model. Now the NaN model has no accuracy (nor does
     the summary: not an earlier round's), and a NaN aggregate is refused, the model kept."""
     rows = lambda name: read_metrics(tmp_path / name)  # noqa: E731
     summary = run_inprocess(config(tmp_path, "scaffold", "big-step", **{"scaffold-server-lr": 1e29}), 3)
-    assert rows("big-step")[1]["diverged"] and rows("big-step")[1]["accuracy"] is None
+    assert rows("big-step")[1]["nan-outputs"] and rows("big-step")[1]["accuracy"] is None
     assert summary["final-accuracy"] is None and summary["best-accuracy"] is None
     from flowerbed.strategies import fedfew
 
-    k = 2
+    k, calls, weights = 2, [], fedfew.fedfew_weights
+
+    def nan_in_round_1(losses, n, mu):
+        calls.append(1)
+        return (np.full((len(n), k), np.nan), np.full(len(n), 1 / len(n))) if len(calls) == 1 \
+            else weights(losses, n, mu)
+
+    monkeypatch.setattr(fedfew, "fedfew_weights", nan_in_round_1)
+    summary = run_inprocess(config(tmp_path, "fedfew", "nan-once", **{"num-models": k,
+                                                                      "num-server-rounds": 3}), 3)
+    one = rows("nan-once")[1]
+    assert one["diverged"] and one["skipped"] and not one["nan-outputs"] and one["accuracy"] is not None
+    assert summary["rounds-aggregated"] == 2 and summary["final-accuracy"] == rows("nan-once")[3]["accuracy"]
+    assert "1 aggregate(s) held NaN or inf ('diverged')" in caplog.text
     monkeypatch.setattr(fedfew, "fedfew_weights", lambda losses, n, mu: (
         np.full((len(n), k), np.nan), np.full(len(n), 1 / len(n))))
     with pytest.raises(server_app.NothingAggregated, match="held NaN or inf in 2 of 2 rounds"):

@@ -118,7 +118,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         row: dict[str, Any] = {"round": rnd, "rounds": cfg.num_server_rounds}
         res = (strategy.evaluate_global(rnd, arrays, train, test, device)
                if rnd == 0 or strategy.evaluates(rnd) else None)
-        nan_model = res is not None and not math.isfinite(res[1])  # NaN outputs (diverged)
+        nan_model = res is not None and not math.isfinite(res[1])  # a diverged model
         if nan_model:
             log.warning("round %d: the model's outputs are NaN (the run diverged: a step size too "
                         "large?); no accuracy", rnd)
@@ -138,7 +138,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
                 "clients-sampled": len(rl.sampled), "clients-replied": rl.replied,
                 "clients-ok": len(rl.ok),
                 "clients-failed": len(rl.failed), "failures": rl.failed, "clients-lost": rl.lost,
-                "skipped": rl.skipped, "diverged": rl.diverged or nan_model,
+                "skipped": rl.skipped, "diverged": rl.diverged, "nan-outputs": nan_model,
                 "bytes-up": rl.bytes_up, "bytes-down": rl.bytes_down,
                 "bytes-up-eval": rl.bytes_up_eval, "bytes-down-eval": rl.bytes_down_eval,
                 "per-client": {str(k): v for k, v in sorted(rl.clients.items())},
@@ -174,8 +174,8 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
                             evaluate_fn=end_of_round, first_round=ckpt["round"] + 1 if ckpt else 1)
     rows = run_dir.rows
     aggregated = sum(1 for r in rows if r["round"] > 0 and not r.get("skipped"))
+    diverged = sum(1 for r in rows[1:] if r.get("diverged"))  # aggregates refused (NaN or inf)
     if aggregated == 0:  # every client failed every round: the "result" is the initial model
-        diverged = sum(1 for r in rows[1:] if r.get("diverged"))
         why = (f"the aggregate held NaN or inf in {diverged} of {cfg.num_server_rounds} rounds: the "
                "run diverged (a step size too large?), see 'diverged' and 'failures'" if diverged else
                f"every client failed in all {cfg.num_server_rounds} rounds; the reasons are under "
@@ -185,15 +185,17 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     if aggregated < cfg.num_server_rounds:
         skipped = [r["round"] for r in rows if r.get("skipped")]
         log.warning("only %d of %d rounds aggregated client replies (skipped: %s; the reasons are "
-                    "under 'failures' in %s)", aggregated, cfg.num_server_rounds,
+                    "under 'failures'%s in %s)", aggregated, cfg.num_server_rounds,
                     ", ".join(map(str, skipped[:10])) + (" ..." if len(skipped) > 10 else ""),
+                    f", and {diverged} aggregate(s) held NaN or inf ('diverged')" if diverged else "",
                     run_dir.metrics_path)
-    # the last evaluated model's: a diverged one (NaN outputs) has none, not an earlier round's
-    final = next((r for r in reversed(rows) if r.get("accuracy") is not None or r.get("diverged")), {})
+    # the last evaluated model's: one with NaN outputs has none, not an earlier round's (a
+    # refused aggregate keeps the model, whose accuracy that round's row holds)
+    final = next((r for r in reversed(rows) if r.get("accuracy") is not None or r.get("nan-outputs")), {})
     final_client = _last_with(rows, "client-accuracy")
     if final.get("accuracy") is None and final_client.get("client-accuracy") is None:
         log.warning("the run finished without an accuracy: every evaluation failed or diverged "
-                    "(see 'diverged' and 'failures' in %s)", run_dir.metrics_path)
+                    "(see 'nan-outputs', 'diverged' and 'failures' in %s)", run_dir.metrics_path)
     summary = {
         "method": cfg.method, "dataset": cfg.dataset, "partition": str(cfg.partition),
         "seed": cfg.seed, "num-clients": num_partitions, "rounds": cfg.num_server_rounds,
