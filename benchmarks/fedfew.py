@@ -27,7 +27,7 @@ import json
 from pathlib import Path
 
 from benchmarks.common import RESULTS, kept_splits, merged_rows, rows_to_run, write_result
-from flowerbed.compare import compare, run_label
+from flowerbed.compare import compare, megabytes, run_label
 from flowerbed.results import md_table, pct, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,7 +107,7 @@ def render(results: dict[str, dict], configs: dict[str, dict]) -> tuple[str, dic
 
 
 def _mb(v: float | None) -> str:
-    return "-" if v is None else f"{v / 1e6:.2f}"
+    return "-" if v is None else megabytes(v)
 
 
 def _num(v: float | None) -> str:

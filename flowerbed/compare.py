@@ -256,6 +256,12 @@ SHARED_KEYS = ("dataset", "partition", "seed", "num-server-rounds", "train-sampl
                "min-partition-size", "local-test-fraction")
 
 
+def megabytes(n: float) -> str:
+    """Bytes as MB, two decimals; below 0.1 MB two significant digits (the distillation
+    methods' predictions, about 0.005 MB, read 0.00)."""
+    return f"{n / 1e6:.2f}" if n >= 1e5 or n == 0 else f"{n / 1e6:.2g}"
+
+
 def exceptions(methods: Any) -> list[str]:
     """A line naming the rows whose @-overrides change a setting the header says is shared."""
     changed = {m: [k for k in SHARED_KEYS if k in parse_variant(m)[1]] for m in methods}
@@ -295,7 +301,7 @@ def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any]
         *([("client acc %", lambda s: pct(s.get(CLIENT_ACC)))] if client else []),
         ("best acc % (round)", lambda s: f"{pct(s.get('best-accuracy'))} ({s.get('best-round')})"),
         ("up MB/client/round", lambda s: "-" if s.get("bytes-up-per-client-round") is None
-         else f"{s['bytes-up-per-client-round'] / 1e6:.2f}"),
+         else megabytes(s["bytes-up-per-client-round"])),
         ("failures", lambda s: str(s.get("client-failures-total", 0))),
         ("wall s", lambda s: f"{s.get('wall-seconds', 0):.0f}")]
     rows = [[m, *(["failed", *["-"] * (len(cols) - 1)] if "error" in s

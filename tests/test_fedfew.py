@@ -208,10 +208,12 @@ def test_fedrep_refuses_a_body_that_is_not_the_whole_body():
     assert "unexpected ['fc2.weight']" in failed[1] and "is empty" in failed[2]
 
 
-def test_fedfew_counts_the_clients_choices_instead_of_averaging_model_indices():
-    """Found by a review: 'client-chosen-model' was the weighted mean of the indices (0.45)."""
+@pytest.mark.parametrize("strategy", [FedFewStrategy, IFCAStrategy])
+def test_fedfew_counts_the_clients_choices_instead_of_averaging_model_indices(strategy):
+    """Found by a review: 'client-chosen-model' was the weighted mean of the indices (0.45);
+    IFCA, whose clients choose the same way, kept the mean until a later walk-through."""
     cfg = Config.from_run_config({"method": "fedfew", "num-models": 3, "min-clients": 1})
-    s = FedFewStrategy(cfg)
+    s = strategy(cfg)
     msgs = [sent(n, mtype="evaluate") for n in (100, 101, 102)]
     prepared(s, [100, 101, 102])
     s._sent = msgs

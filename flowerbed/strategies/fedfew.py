@@ -110,16 +110,5 @@ class FedFewStrategy(KModelStrategy):
         self.round.eval_metrics = {"accuracy": float((n * acc).sum() / n.sum()),
                                    "loss": float((n * loss).sum() / n.sum())}
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
-        """As every method's, with the clients' choices counted per model (``model-<k>-chosen``)
-        instead of an average of model indices."""
-        metrics = super().aggregate_evaluate(server_round, replies)
-        if metrics is not None and "chosen-model" in metrics:
-            chosen = [c.get("evaluate-chosen-model") for c in self.round.clients.values()]
-            metrics = MetricRecord({**{k: v for k, v in metrics.items() if k != "chosen-model"},
-                                    **{f"model-{k}-chosen": chosen.count(k) for k in range(self.k)}})
-            self.round.eval_metrics = dict(metrics)
-        return metrics
-
     def clients_evaluate(self) -> bool:
         return self.cfg.fedfew_eval != "local"  # "local": evaluated inside the training round

@@ -9,9 +9,10 @@ ServerApp adds min, max, std and Jain's index across clients for every method).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from flowerbed.datasets.loading import DataSet
 from flowerbed.strategies.base import FlowerbedFedAvg
@@ -72,6 +73,17 @@ class KModelStrategy(PersonalStrategy):
             log.warning("num-models=%d is more than the %d clients: at least %d models can serve "
                         "no client, and each round sends all %d to every client", self.k,
                         num_partitions, self.k - num_partitions, self.k)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """As every method's, with the clients' choices counted per model (``model-<k>-chosen``)
+        instead of an average of model indices (IFCA's clients choose as FedFew's do)."""
+        metrics = super().aggregate_evaluate(server_round, replies)
+        if metrics is not None and "chosen-model" in metrics:
+            chosen = [c.get("evaluate-chosen-model") for c in self.round.clients.values()]
+            metrics = MetricRecord({**{k: v for k, v in metrics.items() if k != "chosen-model"},
+                                    **{f"model-{k}-chosen": chosen.count(k) for k in range(self.k)}})
+            self.round.eval_metrics = dict(metrics)
+        return metrics
 
     def models_content(self, arrays: ArrayRecord) -> RecordDict:
         return RecordDict({f"model.{k}": rec for k, rec in enumerate(unpack(arrays, self.k))})
