@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,47 @@ def kept_splits(name: str, config: dict[str, Any], vary: tuple[str, ...] = ()
 
     keep = [s for s, c in old.get("split-configs", {}).items() if fixed(c) == fixed(config)]
     return ({s: old["results"][s] for s in keep}, {s: old["split-configs"][s] for s in keep})
+
+
+#: runs of this invocation that failed (compare's failed rows): the script exits 1 after writing
+FAILED: list[str] = []
+
+
+def checked(methods: list[str], overrides: dict[str, Any], num_clients: int,
+            seeds: list[int] | None = None) -> None:
+    """Each run's config and split, as `flowerbed compare` checks them before anything runs
+    (the scripts call :func:`flowerbed.compare.compare` directly: a bad split or value used to
+    fail every run, or end in a traceback after minutes). A ConfigError stops the script."""
+    from flowerbed.cli import preflight
+    from flowerbed.compare import parse_variant
+
+    for seed in seeds or [overrides.get("seed", 0)]:
+        for m in methods:
+            preflight({**overrides, **parse_variant(m)[1], "seed": seed}, num_clients, 0.0)
+
+
+def note_failures(out: Path) -> list[str]:
+    """The failed runs of the comparison in ``out``, remembered for the exit code."""
+    from flowerbed.compare import failed_runs
+
+    failed = failed_runs(out)
+    FAILED.extend(f"{out.name}: {f}" for f in failed)
+    return failed
+
+
+def run_main(main: Callable[[], None]) -> None:
+    """A script's entry point as the CLI's: SIGTERM/SIGHUP stop its runs (Ray, the SuperLink)
+    as Ctrl-C does, a ConfigError is one line, exit 1 when a run failed."""
+    from flowerbed.cli import signals_interrupt
+    from flowerbed.config import ConfigError
+
+    try:
+        with signals_interrupt():
+            main()
+    except ConfigError as e:
+        raise SystemExit(f"benchmark: {e}") from None
+    if FAILED:
+        raise SystemExit(f"benchmark: {len(FAILED)} run(s) failed: {', '.join(FAILED)}")
 
 
 def rows_to_run(text: str, rows: list[str]) -> list[str]:

@@ -6,12 +6,13 @@ Usage: .venv/bin/python -m benchmarks.default_run
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import write_result
+from benchmarks.common import run_main, write_result
 from flowerbed.config import Config
 from flowerbed.results import read_metrics
 
@@ -19,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__,  # no options: --help only, not a 3-minute run
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     name = f"bench-default-{time.strftime('%Y%m%d-%H%M%S')}"
     t0 = time.time()
     subprocess.run([sys.executable, "-m", "flowerbed", "run", "--num-clients", "10",
@@ -40,4 +43,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import RESULTS, write_result
+from benchmarks.common import RESULTS, checked, note_failures, run_main, write_result
 from flowerbed.compare import compare, run_label
 from flowerbed.config import Config, defaults
 from flowerbed.pretrain import pretrained
@@ -73,7 +73,7 @@ def plot_setting(runs: Path, shift: str, sched: str) -> Path:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds-per-step", type=int, default=2)
     ap.add_argument("--settings", default=",".join(f"{a}/{b}" for a, b in SETTINGS),
@@ -94,9 +94,12 @@ def main() -> None:
     pretrained(Config.from_run_config({**base_config(*settings[0], args.steps, args.rounds_per_step),
                                        "method": "fedade"}))
     for shift, sched in settings:
+        checked(VARIANTS, base_config(shift, sched, args.steps, args.rounds_per_step), 10)
+    for shift, sched in settings:
         base = base_config(shift, sched, args.steps, args.rounds_per_step)
         out = args.runs / f"bench-fedade-{shift}-{sched}"
         compare(VARIANTS, base, num_clients=10, out=out)
+        note_failures(out)
         plot_setting(args.runs, shift, sched)
         res = json.loads((out / "results.json").read_text())
         results[f"{shift}/{sched}"] = {n: res[v] for n, v in zip(NAMES, VARIANTS, strict=True)}
@@ -130,4 +133,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -19,7 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import kept_splits, read_result, write_result
+from benchmarks.common import checked, kept_splits, note_failures, read_result, run_main, write_result
 from benchmarks.fedade import HI, LO, base_config, fixed
 from flowerbed.compare import compare, run_label
 from flowerbed.results import md_table, pct, read_metrics
@@ -59,7 +59,7 @@ def render(results: dict[str, dict]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scales", default="1,10,100", help="factors applied to both bounds")
     ap.add_argument("--settings", default="label/lin,label/ber")
     ap.add_argument("--steps", type=int, default=20)
@@ -83,7 +83,9 @@ def main() -> None:
             key = f"{setting} x{scale:g}{tag}"
             configs[key] = base
             out = ROOT / "runs" / f"bench-fedade-bounds-{shift}-{sched}-x{scale:g}{tag.replace(' ', '-')}"
+            checked(variants, base, 10)
             compare(variants, base, num_clients=10, out=out)
+            note_failures(out)
             res = json.loads((out / "results.json").read_text())
             acc = {n: res[v]["mean-accuracy"] for n, v in zip(NAMES, variants, strict=True)}
             lrs = [r["lr"] for r in read_metrics(out / run_label("fedade")) if r.get("lr")]
@@ -99,4 +101,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -28,7 +28,16 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import RESULTS, kept_splits, merged_rows, rows_to_run, write_result
+from benchmarks.common import (
+    RESULTS,
+    checked,
+    kept_splits,
+    merged_rows,
+    note_failures,
+    rows_to_run,
+    run_main,
+    write_result,
+)
 from flowerbed.compare import compare, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +47,7 @@ SPLITS = ["pathological:1", "dirichlet:0.05", "pathological:2"]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--train-samples", type=int, default=10000)
     ap.add_argument("--splits", default=",".join(SPLITS))
@@ -52,10 +61,13 @@ def main() -> None:
             "distill-epochs": 1, "fedcc-ssl-epochs": 5, "batch-size": 64, "seed": 0,
             "train-samples": args.train_samples, "eval-every": 1}
     results, configs = kept_splits("fedcc", base)
+    for split in args.splits.split(","):
+        checked(run, {**base, "partition": split}, 10)
     for split in args.splits.split(","):  # results are written after each split
         out = ROOT / "runs" / f"bench-fedcc-{split.replace(':', '')}"
         compare(run, {**base, "partition": split}, num_clients=10, out=out,
                 resume=args.resume)
+        note_failures(out)
         results[split] = merged_rows(results.get(split, {}),
                                      json.loads((out / "results.json").read_text()), METHODS)
         configs[split] = base
@@ -103,4 +115,4 @@ def _ge(a: float | None, b: float | None, margin: float) -> bool | None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -26,7 +26,16 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import RESULTS, kept_splits, merged_rows, rows_to_run, write_result
+from benchmarks.common import (
+    RESULTS,
+    checked,
+    kept_splits,
+    merged_rows,
+    note_failures,
+    rows_to_run,
+    run_main,
+    write_result,
+)
 from flowerbed.compare import compare, megabytes, run_label
 from flowerbed.results import md_table, pct, read_metrics
 
@@ -47,7 +56,7 @@ UP = "bytes-up-per-client-round"  # from the run's summary: K models for FedFew,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--train-samples", type=int, default=12000)
     ap.add_argument("--splits", default=",".join(SPLITS),
@@ -62,8 +71,11 @@ def main() -> None:
             "train-samples": args.train_samples, "eval-every": 5, "seed": 0}
     results, configs = kept_splits("fedfew", base, vary=("num-server-rounds",))
     for split in args.splits.split(","):
+        checked(run, {**base, "partition": split}, NUM_CLIENTS)
+    for split in args.splits.split(","):
         out = ROOT / "runs" / f"bench-fedfew-{split.replace(':', '')}"
         compare(run, {**base, "partition": split}, num_clients=NUM_CLIENTS, out=out)
+        note_failures(out)
         # earlier rows of this split are kept only if measured with these rounds too
         kept = results.get(split, {}) if configs.get(split) == base else {}
         last = {m: read_metrics(out / run_label(m))[-1] for m in run}
@@ -115,4 +127,4 @@ def _num(v: float | None) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -22,7 +22,17 @@ from pathlib import Path
 
 from flwr.common.config import parse_config_args
 
-from benchmarks.common import RESULTS, machine, merged_rows, read_result, rows_to_run, write_result
+from benchmarks.common import (
+    RESULTS,
+    checked,
+    machine,
+    merged_rows,
+    note_failures,
+    read_result,
+    rows_to_run,
+    run_main,
+    write_result,
+)
 from flowerbed.compare import compare_seeds, seeds_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +43,7 @@ VARIANTS = ["fedsimclr", "fedx", BYOL, FEDX_BYOL, "fedu", BYOL + BN, FEDX_BYOL +
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=None, help="override the preset's rounds")
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     ap.add_argument("--resume", action="store_true",
@@ -48,7 +58,9 @@ def main() -> None:
         overrides["num-server-rounds"] = args.rounds
     seeds = [int(s) for s in args.seeds.split(",")]
     out = ROOT / "runs" / "bench-fedx"
+    checked(methods, overrides, 10, seeds)
     compare_seeds(methods, overrides, seeds, num_clients=10, out=out, resume=args.resume)
+    note_failures(out)
     new = json.loads((out / "results.json").read_text())["summary"]
     kept, old = kept_rows(overrides, seeds)
     res = merged_rows(kept, new, VARIANTS)
@@ -104,4 +116,4 @@ def _ge(a: float | None, b: float | None, margin: float) -> bool | None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -22,7 +22,16 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, merged_rows, read_result, rows_to_run, write_result
+from benchmarks.common import (
+    RESULTS,
+    checked,
+    merged_rows,
+    note_failures,
+    read_result,
+    rows_to_run,
+    run_main,
+    write_result,
+)
 from flowerbed.compare import compare, markdown_table, run_label
 from flowerbed.results import read_metrics
 
@@ -31,7 +40,7 @@ METHODS = ["fedxds", "fedxds@fedxds-mask='none'", "fedavg", "fedprox", "scaffold
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--train-samples", type=int, default=30000)
     ap.add_argument("--partition", default="dirichlet:0.05")
@@ -48,8 +57,10 @@ def main() -> None:
     name = "fedxds" if args.num_clients == 10 else f"fedxds-{args.num_clients}clients"
     kept, kept_reach, dates = kept_rows(name, base, args.num_clients, run)
     out = ROOT / "runs" / f"bench-{name}-{args.partition.replace(':', '')}"
+    checked(run, base, args.num_clients)
     start = time.perf_counter()
     compare(run, base, num_clients=args.num_clients, out=out)
+    note_failures(out)
     wall = time.perf_counter() - start
     res = merged_rows(kept, json.loads((out / "results.json").read_text()), METHODS)
     table = markdown_table(res, base, args.num_clients)
@@ -94,4 +105,4 @@ def kept_rows(name: str, base: dict, num_clients: int, run: list[str]
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

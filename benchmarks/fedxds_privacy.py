@@ -23,7 +23,7 @@ from torch.nn import functional as F
 from torchmetrics.functional.classification import binary_auroc
 from torchmetrics.functional.image import structural_similarity_index_measure as ssim
 
-from benchmarks.common import write_result
+from benchmarks.common import run_main, write_result
 from flowerbed.attribution import attribute
 from flowerbed.datasets.loading import load_dataset
 from flowerbed.models import build_model
@@ -66,7 +66,7 @@ def mia_auc(model: nn.Module, members: torch.Tensor, ym: torch.Tensor, non: torc
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=3000, help="size of each set (A, S, L, non-members)")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--sigma", type=float, default=0.15)
@@ -117,4 +117,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -12,12 +12,12 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import RESULTS, read_result, write_result
+from benchmarks.common import RESULTS, checked, note_failures, read_result, run_main, write_result
 from flowerbed.compare import compare, markdown_table
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--partition", default="dirichlet:0.5")
     ap.add_argument("--methods", default="fedavg,fedprox,scaffold")
@@ -28,12 +28,15 @@ def main() -> None:
     methods = args.methods.split(",")
     out = Path("runs") / (f"bench-foundation-{tag}" + ("-" + "-".join(methods) if args.update else ""))
     overrides = {"partition": args.partition, "num-server-rounds": args.rounds, "seed": 0}
-    compare(methods, overrides, num_clients=10, out=out)
-    results = json.loads((out.resolve() / "results.json").read_text())
     previous = read_result(f"foundation-{tag}") if args.update else None
-    if previous and previous.get("config", overrides) != overrides:
+    if previous and previous.get("config", overrides) != overrides:  # before the runs, not after
         raise SystemExit(f"--update: the stored results were measured with {previous['config']}, "
                          f"not {overrides}; rerun every method without --update")
+    checked(methods, overrides, 10)
+    compare(methods, overrides, num_clients=10, out=out)
+    results = json.loads((out.resolve() / "results.json").read_text())
+    if len(note_failures(out)) == len(methods):  # nothing measured: the stored results stay
+        return
     if previous:
         results = {**previous["results"], **results}
     table = markdown_table(results, overrides, 10)
@@ -49,4 +52,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -22,7 +22,7 @@ import torch
 from flwr.app import MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from benchmarks.common import write_result
+from benchmarks.common import run_main, write_result
 from flowerbed import engine
 from flowerbed.config import Config
 from flowerbed.datasets.federated import client_data, test_set, train_set
@@ -69,7 +69,7 @@ def flower_fedavg(cfg: Config, clients: int, out: Path) -> tuple[float, list[flo
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--clients", type=int, default=10)
     args = ap.parse_args()
@@ -90,4 +90,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

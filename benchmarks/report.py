@@ -251,7 +251,7 @@ def write_readme(readme: str) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--write-readme", action="store_true")
     args = ap.parse_args()
     if args.write_readme:

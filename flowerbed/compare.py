@@ -424,7 +424,7 @@ def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n
         *([("client acc %", lambda st: mean_sd(st, CLIENT_ACC))] if client else []),
         ("best acc %", lambda st: mean_sd(st, "best-accuracy")),
         ("failures", failures),
-        ("failed seeds", lambda st: ", ".join(map(str, st["seeds-failed"])) or "-")]
+        ("failed seeds", lambda st: ", ".join(f"seed {s}" for s in st["seeds-failed"]) or "-")]
     title = _title(overrides, n).rsplit(",", 1)[0]
     lines = [f"Same partitions and seed for every method within a seed: {title}, "
              f"{_rounds(overrides)}, seeds {', '.join(map(str, seeds))} "

@@ -150,3 +150,26 @@ def test_glance_statuses_follow_the_checks(monkeypatch):
     table = report.glance()
     assert "| #5 FedXDS | inversion SSIM masked < unmasked | not met | 0.800 vs 0.700 |" in table
     assert "| fedfew | - | n/a | benchmarks/results/fedfew.json lacks 'fedfew' |" in table
+
+
+def test_benchmarks_refuse_bad_input_before_running_and_keep_their_results():
+    """From a review: `benchmarks.foundation --methods fedavgg` ran, failed, replaced the stored
+    results with one error row and exited 0; `fedcc --splits bogus:3` added a bogus split;
+    `default_run --help` started the 3-minute benchmark. Now each run is checked first, as
+    `flowerbed compare` does, and a script exits 1 when a run failed."""
+    import subprocess
+    import sys
+
+    from flowerbed.config import ConfigError
+
+    stored = (common.RESULTS / "foundation-dirichlet0.5.json").read_bytes()
+    for argv in (["foundation", "--methods", "fedavgg"], ["fedcc", "--splits", "bogus:3"]):
+        done = subprocess.run([sys.executable, "-m", f"benchmarks.{argv[0]}", *argv[1:]],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and done.stderr.startswith("benchmark: run-config '")
+    assert (common.RESULTS / "foundation-dirichlet0.5.json").read_bytes() == stored
+    helped = subprocess.run([sys.executable, "-m", "benchmarks.default_run", "--help"],
+                            capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0 and "What `make run` does" in helped.stdout
+    with pytest.raises(ConfigError, match="'--num-clients' = 3"):
+        common.checked(["fedavg"], {"partition": "pathological:1", "train-samples": 2}, 3)

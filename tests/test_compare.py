@@ -77,7 +77,7 @@ def test_compare_seeds_runs_every_seed_and_averages(tmp_path, fake_engine):
     assert res["summary"]["fedprox"]["seeds-failed"] == [1]  # left out of its mean, not lost
     assert res["summary"]["fedprox"]["final-accuracy-mean"] == pytest.approx(0.70)
     assert "| fedavg | 82.00 ± 2.83 | 80.00 (s0), 84.00 (s1) | 82.00 ± 2.83 | 0 | - |" in table
-    assert "| fedprox | 70.00 | 70.00 (s0) | 70.00 | 0 | 1 |" in table
+    assert "| fedprox | 70.00 | 70.00 (s0) | 70.00 | 0 | seed 1 |" in table
     assert (tmp_path / "table.md").read_text().strip() == table
     assert (tmp_path / "accuracy.png").stat().st_size > 1000
     assert (tmp_path / "seed-1" / "table.md").exists()  # every seed keeps its own comparison
