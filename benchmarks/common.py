@@ -91,6 +91,13 @@ def run_main(main: Callable[[], None]) -> None:
         raise SystemExit(f"benchmark: {len(FAILED)} run(s) failed: {', '.join(FAILED)}")
 
 
+def kept_note(name: str, kept: bool) -> dict[str, str]:
+    """``{"note": ...}`` of benchmarks/results/<name>.json when rows of it are kept: a note
+    written by hand about those rows stays with them (``{}`` otherwise)."""
+    note = read_result(name).get("note") if kept else None
+    return {"note": note} if note else {}
+
+
 def rows_to_run(text: str, rows: list[str]) -> list[str]:
     """``--methods``: a comma-separated subset of the benchmark's rows, spelt as they are (a row
     spelt otherwise would run, then be dropped from the table by :func:`merged_rows`)."""

@@ -19,7 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import checked, kept_splits, note_failures, read_result, run_main, write_result
+from benchmarks.common import checked, kept_note, kept_splits, note_failures, run_main, write_result
 from benchmarks.fedade import HI, LO, base_config, fixed
 from flowerbed.compare import compare, run_label
 from flowerbed.results import md_table, pct, read_metrics
@@ -93,11 +93,10 @@ def main() -> None:
             results[key] = {
                 "bounds": [bounds["fedade-lr-min"], bounds["fedade-lr-max"]], "pixels": args.pixels,
                 "mean-accuracy": acc, "fedade-mean-lr": lr}
-    note = read_result("fedade_bounds").get("note") if kept else None  # stays with kept rows
     write_result("fedade_bounds", {"table": render(results), "results": results,
                                    "split-configs": configs, "steps": args.steps,
                                    "rounds-per-step": args.rounds_per_step,
-                                   **({"note": note} if note else {})})
+                                   **kept_note("fedade_bounds", bool(kept))})
 
 
 if __name__ == "__main__":

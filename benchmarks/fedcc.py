@@ -31,6 +31,7 @@ from pathlib import Path
 from benchmarks.common import (
     RESULTS,
     checked,
+    kept_note,
     kept_splits,
     merged_rows,
     note_failures,
@@ -61,6 +62,7 @@ def main() -> None:
             "distill-epochs": 1, "fedcc-ssl-epochs": 5, "batch-size": 64, "seed": 0,
             "train-samples": args.train_samples, "eval-every": 1}
     results, configs = kept_splits("fedcc", base)
+    note = kept_note("fedcc", bool(results))  # read before this run rewrites the file
     for split in args.splits.split(","):
         checked(run, {**base, "partition": split}, 10)
     for split in args.splits.split(","):  # results are written after each split
@@ -76,7 +78,7 @@ def main() -> None:
         (RESULTS / "fedcc.md").write_text(table + "\n")
         write_result("fedcc", {"table": table, "checks": checks(results), "config": base,
                                "splits-run": list(results), "split-configs": configs,
-                               "results": results})
+                               "results": results, **note})
 
 
 def checks(results: dict) -> dict[str, bool | None]:

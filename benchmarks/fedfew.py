@@ -29,6 +29,7 @@ from pathlib import Path
 from benchmarks.common import (
     RESULTS,
     checked,
+    kept_note,
     kept_splits,
     merged_rows,
     note_failures,
@@ -70,6 +71,7 @@ def main() -> None:
     base = {"num-server-rounds": args.rounds, "local-test-fraction": 0.25, "num-models": 3,
             "train-samples": args.train_samples, "eval-every": 5, "seed": 0}
     results, configs = kept_splits("fedfew", base, vary=("num-server-rounds",))
+    note = kept_note("fedfew", bool(results))
     for split in args.splits.split(","):
         checked(run, {**base, "partition": split}, NUM_CLIENTS)
     for split in args.splits.split(","):
@@ -87,7 +89,7 @@ def main() -> None:
     (RESULTS / "fedfew.md").write_text(table + "\n")
     write_result("fedfew", {"table": table, "checks": checks, "config": base,
                             "num-clients": NUM_CLIENTS, "split-configs": configs,
-                            "results": results})
+                            "results": results, **note})
 
 
 def render(results: dict[str, dict], configs: dict[str, dict]) -> tuple[str, dict[str, bool | None]]:

@@ -25,6 +25,7 @@ from pathlib import Path
 from benchmarks.common import (
     RESULTS,
     checked,
+    kept_note,
     merged_rows,
     note_failures,
     read_result,
@@ -80,7 +81,8 @@ def main() -> None:
                                         f"FedAvg's final accuracy ({target:.4f}): {reach}\n")
     write_result(name, {"table": table, "rounds-to-fedavg-final": reach, "checks": checks,
                         "config": base, "num-clients": args.num_clients,
-                        "wall-seconds": round(wall), "row-dates": dates, "results": res})
+                        "wall-seconds": round(wall), "row-dates": dates, "results": res,
+                        **kept_note(name, bool(kept))})
 
 
 def kept_rows(name: str, base: dict, num_clients: int, run: list[str]

@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import RESULTS, checked, note_failures, read_result, run_main, write_result
+from benchmarks.common import RESULTS, checked, kept_note, note_failures, read_result, run_main, write_result
 from flowerbed.compare import compare, markdown_table
 
 
@@ -48,6 +48,7 @@ def main() -> None:
         "target": "fedavg final accuracy >= 0.88 (dirichlet:0.5, 20 rounds)",
         "checks": {"fedavg >= 88 % after 20 rounds on dirichlet:0.5":
                    (fedavg is not None and fedavg >= 0.88) if target_setting else None},
+        **kept_note(f"foundation-{tag}", bool(previous)),
     })
 
 
