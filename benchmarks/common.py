@@ -98,12 +98,12 @@ def kept_note(name: str, kept: bool) -> dict[str, str]:
     return {"note": note} if note else {}
 
 
-def rows_to_run(text: str, rows: list[str]) -> list[str]:
-    """``--methods``: a comma-separated subset of the benchmark's rows, spelt as they are (a row
-    spelt otherwise would run, then be dropped from the table by :func:`merged_rows`)."""
+def rows_to_run(text: str, rows: list[str], what: str = "rows") -> list[str]:
+    """``--methods`` (or ``--splits``): a comma-separated subset of the benchmark's rows (splits),
+    spelt as they are (one spelt otherwise would run, then be left out of the table)."""
     run = [m for m in text.split(",") if m]
     if unknown := [m for m in run if m not in rows]:
-        raise SystemExit(f"not rows of this benchmark: {unknown}; its rows: {', '.join(rows)}")
+        raise SystemExit(f"not {what} of this benchmark: {unknown}; its {what}: {', '.join(rows)}")
     return run
 
 

@@ -61,11 +61,12 @@ def main() -> None:
     base = {"public-fraction": 0.1, "num-server-rounds": args.rounds, "local-epochs": 5,
             "distill-epochs": 1, "fedcc-ssl-epochs": 5, "batch-size": 64, "seed": 0,
             "train-samples": args.train_samples, "eval-every": 1}
+    splits = rows_to_run(args.splits, SPLITS, "splits")
     results, configs = kept_splits("fedcc", base)
     note = kept_note("fedcc", bool(results))  # read before this run rewrites the file
-    for split in args.splits.split(","):
+    for split in splits:
         checked(run, {**base, "partition": split}, 10)
-    for split in args.splits.split(","):  # results are written after each split
+    for split in splits:  # results are written after each split
         out = ROOT / "runs" / f"bench-fedcc-{split.replace(':', '')}"
         compare(run, {**base, "partition": split}, num_clients=10, out=out,
                 resume=args.resume)

@@ -70,11 +70,12 @@ def main() -> None:
     run = rows_to_run(args.methods, METHODS)
     base = {"num-server-rounds": args.rounds, "local-test-fraction": 0.25, "num-models": 3,
             "train-samples": args.train_samples, "eval-every": 5, "seed": 0}
+    splits = rows_to_run(args.splits, SPLITS, "splits")
     results, configs = kept_splits("fedfew", base, vary=("num-server-rounds",))
     note = kept_note("fedfew", bool(results))
-    for split in args.splits.split(","):
+    for split in splits:
         checked(run, {**base, "partition": split}, NUM_CLIENTS)
-    for split in args.splits.split(","):
+    for split in splits:
         out = ROOT / "runs" / f"bench-fedfew-{split.replace(':', '')}"
         compare(run, {**base, "partition": split}, num_clients=NUM_CLIENTS, out=out)
         note_failures(out)

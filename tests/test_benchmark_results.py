@@ -163,10 +163,12 @@ def test_benchmarks_refuse_bad_input_before_running_and_keep_their_results():
     from flowerbed.config import ConfigError
 
     stored = (common.RESULTS / "foundation-dirichlet0.5.json").read_bytes()
-    for argv in (["foundation", "--methods", "fedavgg"], ["fedcc", "--splits", "bogus:3"]):
+    for argv, said in ((["foundation", "--methods", "fedavgg"], "benchmark: run-config 'method'"),
+                       (["fedcc", "--rounds", "0"], "benchmark: run-config 'num-server-rounds'"),
+                       (["fedcc", "--splits", "bogus:3"], "not splits of this benchmark")):
         done = subprocess.run([sys.executable, "-m", f"benchmarks.{argv[0]}", *argv[1:]],
                               capture_output=True, text=True, timeout=120)
-        assert done.returncode == 1 and done.stderr.startswith("benchmark: run-config '")
+        assert done.returncode == 1 and done.stderr.startswith(said), done.stderr[-500:]
     assert (common.RESULTS / "foundation-dirichlet0.5.json").read_bytes() == stored
     helped = subprocess.run([sys.executable, "-m", "benchmarks.default_run", "--help"],
                             capture_output=True, text=True, timeout=120)
