@@ -91,6 +91,43 @@ def run_main(main: Callable[[], None]) -> None:
         raise SystemExit(f"benchmark: {len(FAILED)} run(s) failed: {', '.join(FAILED)}")
 
 
+def _list_of(kind: Callable[[str], Any], what: str, ok: Callable[[Any], bool]) -> Callable[[str], list]:
+    """An argparse type: a comma-separated list of ``kind`` values that pass ``ok``."""
+    import argparse
+
+    def parse(text: str) -> list:
+        try:
+            values = [kind(x) for x in text.split(",") if x]
+        except ValueError:
+            values = []
+        if not values or not all(map(ok, values)):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {what}")
+        return values
+    return parse
+
+
+#: argparse types of the scripts' options
+seed_list = _list_of(int, "seeds (integers >= 0)", lambda v: v >= 0)
+scale_list = _list_of(float, "numbers > 0", lambda v: v > 0)
+setting_list = _list_of(lambda x: tuple(x.split("/")), "shift/schedule pairs (label/lin, covariate/ber, ...)",
+                        lambda v: len(v) == 2 and all(v))
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low``."""
+    import argparse
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= {low}")
+        return value
+    return parse
+
+
 def kept_note(name: str, kept: bool) -> dict[str, str]:
     """``{"note": ...}`` of benchmarks/results/<name>.json when rows of it are kept: a note
     written by hand about those rows stays with them (``{}`` otherwise)."""

@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import RESULTS, checked, note_failures, run_main, write_result
+from benchmarks.common import RESULTS, checked, note_failures, run_main, setting_list, write_result
 from flowerbed.compare import compare, run_label
 from flowerbed.config import Config, defaults
 from flowerbed.pretrain import pretrained
@@ -76,14 +76,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds-per-step", type=int, default=2)
-    ap.add_argument("--settings", default=",".join(f"{a}/{b}" for a, b in SETTINGS),
+    ap.add_argument("--settings", type=setting_list, default=",".join(f"{a}/{b}" for a, b in SETTINGS),
                     help="which shift/schedule settings to run (default: all three)")
     ap.add_argument("--plot-only", action="store_true",
                     help="only redraw the plots from the runs of an earlier benchmark")
     ap.add_argument("--runs", type=Path, default=ROOT / "runs",
                     help="where the benchmark's runs are (bench-fedade-<shift>-<schedule>/)")
     args = ap.parse_args()
-    settings = [tuple(x.split("/")) for x in args.settings.split(",")]
+    settings = args.settings
     if args.plot_only:
         for shift, sched in settings:
             print("written:", plot_setting(args.runs, shift, sched))

@@ -19,7 +19,16 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import checked, kept_note, kept_splits, note_failures, run_main, write_result
+from benchmarks.common import (
+    checked,
+    kept_note,
+    kept_splits,
+    note_failures,
+    run_main,
+    scale_list,
+    setting_list,
+    write_result,
+)
 from benchmarks.fedade import HI, LO, base_config, fixed
 from flowerbed.compare import compare, run_label
 from flowerbed.results import md_table, pct, read_metrics
@@ -60,8 +69,8 @@ def render(results: dict[str, dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scales", default="1,10,100", help="factors applied to both bounds")
-    ap.add_argument("--settings", default="label/lin,label/ber")
+    ap.add_argument("--scales", type=scale_list, default="1,10,100", help="factors applied to both bounds")
+    ap.add_argument("--settings", type=setting_list, default="label/lin,label/ber")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds-per-step", type=int, default=2)
     ap.add_argument("--pixels", default="standardised", choices=("standardised", "raw"),
@@ -69,13 +78,13 @@ def main() -> None:
     args = ap.parse_args()
     raw = args.pixels == "raw"
     tag = " raw" if raw else ""  # standardised rows keep their earlier keys
-    scales = [float(x) for x in args.scales.split(",")]
+    scales = args.scales
     # rows an earlier run measured the same way (only setting and bounds differing) are kept
     kept, configs = kept_splits("fedade_bounds", base_config("", "", args.steps,
                                                              args.rounds_per_step), vary=VARY)
     results = dict(kept)
-    for setting in args.settings.split(","):
-        shift, sched = setting.split("/")
+    for shift, sched in args.settings:
+        setting = f"{shift}/{sched}"
         for scale in scales:
             variants, bounds = scaled(scale)
             base = {**base_config(shift, sched, args.steps, args.rounds_per_step), **bounds,

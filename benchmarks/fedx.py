@@ -24,6 +24,7 @@ from flwr.common.config import parse_config_args
 
 from benchmarks.common import (
     RESULTS,
+    at_least,
     checked,
     kept_note,
     machine,
@@ -32,6 +33,7 @@ from benchmarks.common import (
     read_result,
     rows_to_run,
     run_main,
+    seed_list,
     write_result,
 )
 from flowerbed.compare import compare_seeds, seeds_table
@@ -45,8 +47,8 @@ VARIANTS = ["fedsimclr", "fedx", BYOL, FEDX_BYOL, "fedu", BYOL + BN, FEDX_BYOL +
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=None, help="override the preset's rounds")
-    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    ap.add_argument("--rounds", type=at_least(1), default=None, help="override the preset's rounds")
+    ap.add_argument("--seeds", type=seed_list, default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     ap.add_argument("--resume", action="store_true",
                     help="keep finished runs of an earlier, stopped run of this benchmark")
     ap.add_argument("--methods", default=",".join(VARIANTS),
@@ -57,7 +59,7 @@ def main() -> None:
     overrides.pop("method")
     if args.rounds:
         overrides["num-server-rounds"] = args.rounds
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = args.seeds
     out = ROOT / "runs" / "bench-fedx"
     checked(methods, overrides, 10, seeds)
     compare_seeds(methods, overrides, seeds, num_clients=10, out=out, resume=args.resume)

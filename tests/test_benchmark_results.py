@@ -175,3 +175,17 @@ def test_benchmarks_refuse_bad_input_before_running_and_keep_their_results():
     assert helped.returncode == 0 and "What `make run` does" in helped.stdout
     with pytest.raises(ConfigError, match="'--num-clients' = 3"):
         common.checked(["fedavg"], {"partition": "pathological:1", "train-samples": 2}, 3)
+
+
+def test_benchmark_options_of_the_wrong_form_are_refused_by_the_parser():
+    """From a review: `fedx --seeds a,b`, `fedade --settings label` and the like were
+    tracebacks; `fedx --rounds 0` was silently ignored."""
+    import argparse
+
+    assert common.seed_list("0,1,2") == [0, 1, 2]
+    assert common.setting_list("label/lin,covariate/ber") == [("label", "lin"), ("covariate", "ber")]
+    assert common.scale_list("1,0.5") == [1.0, 0.5] and common.at_least(1)("3") == 3
+    for parse, text in ((common.seed_list, "a,b"), (common.seed_list, "-1"), (common.scale_list, "0"),
+                        (common.setting_list, "label"), (common.at_least(1), "0")):
+        with pytest.raises(argparse.ArgumentTypeError, match="is not"):
+            parse(text)
