@@ -113,21 +113,6 @@ setting_list = _list_of(lambda x: tuple(x.split("/")), "shift/schedule pairs (la
                         lambda v: len(v) == 2 and all(v))
 
 
-def at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= ``low``."""
-    import argparse
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= {low}")
-        return value
-    return parse
-
-
 def kept_note(name: str, kept: bool) -> dict[str, str]:
     """``{"note": ...}`` of benchmarks/results/<name>.json when rows of it are kept: a note
     written by hand about those rows stays with them (``{}`` otherwise)."""

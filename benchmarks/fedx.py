@@ -24,7 +24,6 @@ from flwr.common.config import parse_config_args
 
 from benchmarks.common import (
     RESULTS,
-    at_least,
     checked,
     kept_note,
     machine,
@@ -36,6 +35,7 @@ from benchmarks.common import (
     seed_list,
     write_result,
 )
+from flowerbed.cli import int_in
 from flowerbed.compare import compare_seeds, seeds_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ VARIANTS = ["fedsimclr", "fedx", BYOL, FEDX_BYOL, "fedu", BYOL + BN, FEDX_BYOL +
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=at_least(1), default=None, help="override the preset's rounds")
+    ap.add_argument("--rounds", type=int_in(1), default=None, help="override the preset's rounds")
     ap.add_argument("--seeds", type=seed_list, default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     ap.add_argument("--resume", action="store_true",
                     help="keep finished runs of an earlier, stopped run of this benchmark")

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 from flwr.common.config import parse_config_args
 
-from benchmarks.common import at_least, run_main, write_result
+from benchmarks.common import run_main, write_result
+from flowerbed.cli import int_in
 from flowerbed.clients.fedsimclr import make_ssl_model
 from flowerbed.config import Config
 from flowerbed.datasets.augment import Augmenter
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--epochs", type=at_least(1), default=20)
+    ap.add_argument("--epochs", type=int_in(1), default=20)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--lr", type=float, default=0.05)
     args = ap.parse_args()

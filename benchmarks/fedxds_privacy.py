@@ -23,8 +23,9 @@ from torch.nn import functional as F
 from torchmetrics.functional.classification import binary_auroc
 from torchmetrics.functional.image import structural_similarity_index_measure as ssim
 
-from benchmarks.common import at_least, run_main, write_result
+from benchmarks.common import run_main, write_result
 from flowerbed.attribution import attribute
+from flowerbed.cli import int_in
 from flowerbed.datasets.loading import load_dataset
 from flowerbed.models import build_model
 from flowerbed.privacy import epsilon_for, privatise
@@ -67,7 +68,8 @@ def mia_auc(model: nn.Module, members: torch.Tensor, ym: torch.Tensor, non: torc
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=at_least(10), default=3000, help="size of each set (A, S, L, non-members)")
+    ap.add_argument("--n", default=3000, help="size of each set (A, S, L, non-members)",
+                    type=int_in(10, 10000, "an integer in [10, 10000] (the test set holds the non-members)"))
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--sigma", type=float, default=0.15)
     ap.add_argument("--sparsity", type=float, default=0.8)
@@ -77,8 +79,6 @@ def main() -> None:
     train, test = load_dataset("fashion-mnist", True), load_dataset("fashion-mnist", False)
     perm = np.random.default_rng(args.seed).permutation(len(train))
     n = args.n
-    if n > 10000:  # three disjoint training sets of n, and n test samples as non-members
-        ap.error(f"--n {n}: at most 10000 (Fashion-MNIST's test set holds the non-members)")
     a_set, s_set, l_set = (train.subset(perm[i * n:(i + 1) * n]) for i in range(3))
     non = test.subset(np.arange(n))
     dev = torch.device("cpu")

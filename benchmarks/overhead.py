@@ -22,8 +22,9 @@ import torch
 from flwr.app import MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from benchmarks.common import at_least, run_main, write_result
+from benchmarks.common import run_main, write_result
 from flowerbed import engine
+from flowerbed.cli import int_in
 from flowerbed.config import Config
 from flowerbed.datasets.federated import client_data, test_set, train_set
 from flowerbed.models import build_model
@@ -71,7 +72,7 @@ def flower_fedavg(cfg: Config, clients: int, out: Path) -> tuple[float, list[flo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--clients", type=at_least(1), default=10)
+    ap.add_argument("--clients", type=int_in(1), default=10)
     args = ap.parse_args()
     cfg = Config.from_run_config({"num-server-rounds": args.rounds, "partition": "dirichlet:0.5"})
     train_set(cfg)  # both sides pay the data load; warm the page cache first

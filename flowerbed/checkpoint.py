@@ -38,8 +38,6 @@ RESUMABLE_CHANGES = frozenset({"resume", "run-name", "output-dir", "num-server-r
                                "round-timeout", "fault-fraction", "fault-kind", "fault-crash-after"})
 
 
-
-
 def resumable_changes(saved: dict[str, Any]) -> frozenset[str]:
     """:data:`RESUMABLE_CHANGES` for the run whose config is ``saved``: a Fed-ADE run's streams
     (their shift schedule, the time steps) are built for its number of rounds, so more rounds

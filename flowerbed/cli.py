@@ -9,7 +9,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,15 +50,20 @@ def clients_are_partitions(num_clients: int) -> Iterator[None]:
         raise ConfigError("--num-clients", num_clients, e.allowed) from None
 
 
-def port(text: str) -> int:
-    """An argparse type: a TCP port."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port (1-65535)")
-    return value
+def int_in(low: int, high: int | None = None, what: str = "") -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high] (``what`` names it in the refusal)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= (value if high is None else high):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what or f'an integer >= {low}'}")
+        return value
+    return parse
+
+
+port = int_in(1, 65535, "a port (1-65535)")
 
 
 def preflight(overrides: dict[str, Any], num_clients: int, gpus: float) -> Config:

@@ -182,10 +182,12 @@ def test_benchmark_options_of_the_wrong_form_are_refused_by_the_parser():
     tracebacks; `fedx --rounds 0` was silently ignored."""
     import argparse
 
+    from flowerbed.cli import int_in
+
     assert common.seed_list("0,1,2") == [0, 1, 2]
     assert common.setting_list("label/lin,covariate/ber") == [("label", "lin"), ("covariate", "ber")]
-    assert common.scale_list("1,0.5") == [1.0, 0.5] and common.at_least(1)("3") == 3
+    assert common.scale_list("1,0.5") == [1.0, 0.5] and int_in(1)("3") == 3
     for parse, text in ((common.seed_list, "a,b"), (common.seed_list, "-1"), (common.scale_list, "0"),
-                        (common.setting_list, "label"), (common.at_least(1), "0")):
+                        (common.setting_list, "label"), (int_in(1), "0")):
         with pytest.raises(argparse.ArgumentTypeError, match="is not"):
             parse(text)

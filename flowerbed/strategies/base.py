@@ -179,10 +179,11 @@ class FlowerbedFedAvg(FedAvg):
         msgs = [Message(content=RecordDict({"config": ConfigRecord()}), message_type=WHOAMI,
                         dst_node_id=n) for n in node_ids]
         self.unanswered.update(dict.fromkeys(node_ids, self.round_asked))  # until it answers
-        for reply in grid.send_and_receive(msgs, timeout=timeout):
+        replies = grid.send_and_receive(msgs, timeout=timeout)
+        sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}  # ids set when sent
+        for reply in replies:
             if reply.has_error():
                 self.whoami_error = short_reason(reply.error.reason)
-                sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}
                 node = sent_to.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
                 log.warning("node %s did not answer whoami: %s%s", node, self.whoami_error,
                             "" if node == reply.metadata.src_node_id else " (the SuperLink answered "
