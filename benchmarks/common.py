@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,8 +15,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def machine() -> dict[str, Any]:
-    return {"cpus": os.cpu_count(), "torch": torch.__version__, "cuda": torch.cuda.is_available(),
-            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M")}
+    from flowerbed.results import software
+
+    return {"cpus": os.cpu_count(), **software(), "cuda": torch.cuda.is_available(),
+            "date": time.strftime("%Y-%m-%d %H:%M")}
 
 
 def write_result(name: str, data: dict[str, Any]) -> Path:
@@ -127,6 +128,16 @@ def rows_to_run(text: str, rows: list[str], what: str = "rows") -> list[str]:
     if unknown := [m for m in run if m not in rows]:
         raise SystemExit(f"not {what} of this benchmark: {unknown}; its {what}: {', '.join(rows)}")
     return run
+
+
+def run_rows(out: Path, label: str) -> list[dict[str, Any]]:
+    """The metrics rows of the run ``label`` in the comparison ``out``; none where the run
+    failed before its first row (its summary then holds the error)."""
+    from flowerbed.compare import run_label
+    from flowerbed.results import read_metrics
+
+    path = out / run_label(label)
+    return read_metrics(path) if (path / "metrics.jsonl").is_file() else []
 
 
 def merged_rows(kept: dict[str, Any], new: dict[str, Any], order: list[str]) -> dict[str, Any]:

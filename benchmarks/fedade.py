@@ -17,11 +17,11 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import RESULTS, checked, note_failures, run_main, setting_list, write_result
-from flowerbed.compare import compare, run_label
-from flowerbed.config import Config, defaults
+from benchmarks.common import RESULTS, checked, note_failures, run_main, run_rows, setting_list, write_result
+from flowerbed.compare import compare
+from flowerbed.config import Config, ConfigError, defaults
 from flowerbed.pretrain import pretrained
-from flowerbed.results import md_table, pct, plot_curves, read_metrics, time_step_curves
+from flowerbed.results import md_table, pct, plot_curves, time_step_curves
 
 ROOT = Path(__file__).resolve().parents[1]
 LO, HI = defaults()["fedade-lr-min"], defaults()["fedade-lr-max"]
@@ -59,17 +59,24 @@ PLOTTED = ["Fed-ADE", "FixLR(low)", "FixLR(mid)", "FixLR(high)", "no adaptation"
 def plot_setting(runs: Path, shift: str, sched: str) -> Path:
     """Online accuracy per time step of the main variants (Fed-ADE's predict-then-update too),
     each row placed at the time step its run recorded (``time-step``, 0-based; drawn from 1)."""
-    curves = {}
+    folder = runs / f"bench-fedade-{shift}-{sched}"
+    if not folder.is_dir():
+        raise ConfigError("--runs", str(runs), f"it holds no {folder.name}/ (run the benchmark "
+                          "first, or name the folder that holds its runs)")
+    curves, missing = {}, []
     for name, variant in zip(NAMES, VARIANTS, strict=True):
         if name not in PLOTTED:
             continue
-        rows = read_metrics(runs / f"bench-fedade-{shift}-{sched}" / run_label(variant))
+        if not (rows := run_rows(folder, variant)):
+            missing.append(name)  # a run that failed before its first row
+            continue
         curves[name], pre = time_step_curves(rows)
         if name == "Fed-ADE":
             curves["Fed-ADE, predict-then-update"] = pre
     out = RESULTS / f"fedade-{shift}-{sched}.png"
     return plot_curves(curves, out, title=f"Fed-ADE, {shift} shift, {sched} (Fashion-MNIST, CPU)",
-                       xlabel="time step", ylabel="online accuracy (all clients)")
+                       xlabel="time step", ylabel="online accuracy (all clients)",
+                       note=f"no rows: {', '.join(missing)}" if missing else "")
 
 
 def main() -> None:
@@ -105,27 +112,29 @@ def main() -> None:
         results[f"{shift}/{sched}"] = {n: res[v] for n, v in zip(NAMES, VARIANTS, strict=True)}
         for n in NAMES:
             r = results[f"{shift}/{sched}"][n]
-            rows.append([shift, sched, n, pct(r["mean-accuracy"]), pct(r["mean-pre-accuracy"]),
-                         f"{r['wall-seconds']:.0f}"])
+            wall = r.get("wall-seconds")  # none where the run failed
+            rows.append([shift, sched, n + (" (failed)" if "error" in r else ""),
+                         pct(r.get("mean-accuracy")), pct(r.get("mean-pre-accuracy")),
+                         "-" if wall is None else f"{wall:.0f}"])
     table = "\n".join(md_table(["shift", "schedule", "variant", "online acc %",
                                  "predict-then-update %", "wall s"], rows))
 
-    def acc(key: str, n: str) -> float:
-        return results[key][n]["mean-accuracy"]
+    def at_least(key: str, a: str, b: str, margin: float = 0.0, of: str = "mean-accuracy",
+                 times: float = 1.0) -> bool:
+        """Variant ``a``'s figure ≥ ``times`` × ``b``'s + ``margin`` (not met where one failed)."""
+        x, y = (results[key][v].get(of) for v in (a, b))
+        return x is not None and y is not None and x >= times * y + margin
 
     checks = {}
     for key in ("label/lin", "label/ber"):
         if key in results:
-            mid = acc(key, "FixLR(mid)")
-            checks[f"{key} Fed-ADE >= FixLR(mid) + 1pp"] = acc(key, "Fed-ADE") >= mid + 0.01
-            checks[f"{key} Fed-ADE >= no adaptation"] = acc(key, "Fed-ADE") >= acc(key, "no adaptation")
+            checks[f"{key} Fed-ADE >= FixLR(mid) + 1pp"] = at_least(key, "Fed-ADE", "FixLR(mid)", 0.01)
+            checks[f"{key} Fed-ADE >= no adaptation"] = at_least(key, "Fed-ADE", "no adaptation")
     if "covariate/lin" in results:
-        checks["covariate/lin Fed-ADE >= FixLR(mid)"] = (acc("covariate/lin", "Fed-ADE")
-                                                         >= acc("covariate/lin", "FixLR(mid)"))
-    if "label/lin" in results:
-        r = results["label/lin"]
-        checks["wall time Fed-ADE <= 1.2 x FixLR(mid)"] = (r["Fed-ADE"]["wall-seconds"]
-                                                          <= 1.2 * r["FixLR(mid)"]["wall-seconds"])
+        checks["covariate/lin Fed-ADE >= FixLR(mid)"] = at_least("covariate/lin", "Fed-ADE", "FixLR(mid)")
+    if "label/lin" in results:  # Fed-ADE's wall time ≤ 1.2 × FixLR's: FixLR's ≥ Fed-ADE's / 1.2
+        checks["wall time Fed-ADE <= 1.2 x FixLR(mid)"] = at_least(
+            "label/lin", "FixLR(mid)", "Fed-ADE", of="wall-seconds", times=1 / 1.2)
     (RESULTS / "fedade.md").write_text(table + "\n")
     write_result("fedade", {"table": table, "checks": checks, "results": results,
                             "steps": args.steps, "rounds-per-step": args.rounds_per_step,

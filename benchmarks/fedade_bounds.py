@@ -25,13 +25,14 @@ from benchmarks.common import (
     kept_splits,
     note_failures,
     run_main,
+    run_rows,
     scale_list,
     setting_list,
     write_result,
 )
 from benchmarks.fedade import HI, LO, base_config, fixed
-from flowerbed.compare import compare, run_label
-from flowerbed.results import md_table, pct, read_metrics
+from flowerbed.compare import compare
+from flowerbed.results import md_table, pct
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["Fed-ADE", "FixLR(low)", "FixLR(mid)", "FixLR(high)"]
@@ -60,8 +61,10 @@ def render(results: dict[str, dict]) -> str:
     for key, r in sorted(results.items(), key=rank):
         shift, sched = key.split()[0].split("/")
         (lo, hi), acc, lr = r["bounds"], r["mean-accuracy"], r["fedade-mean-lr"]
+        ade, mid = acc["Fed-ADE"], acc["FixLR(mid)"]  # None where a run failed
         rows.append([shift, sched, r.get("pixels", "standardised"), f"[{lo:.0e}, {hi:.0e}]",
-                     *(pct(acc[n]) for n in NAMES), f"{100 * (acc['Fed-ADE'] - acc['FixLR(mid)']):+.2f}",
+                     *(pct(acc[n]) for n in NAMES),
+                     "-" if None in (ade, mid) else f"{100 * (ade - mid):+.2f}",
                      "-" if lr is None else f"{lr:.1e}"])
     return "\n".join(md_table(["shift", "schedule", "pixels", "bounds", *(f"{n} %" for n in NAMES),
                                 "Fed-ADE - FixLR(mid) pp", "Fed-ADE mean lr"], rows))
@@ -96,8 +99,8 @@ def main() -> None:
             compare(variants, base, num_clients=10, out=out)
             note_failures(out)
             res = json.loads((out / "results.json").read_text())
-            acc = {n: res[v]["mean-accuracy"] for n, v in zip(NAMES, variants, strict=True)}
-            lrs = [r["lr"] for r in read_metrics(out / run_label("fedade")) if r.get("lr")]
+            acc = {n: res[v].get("mean-accuracy") for n, v in zip(NAMES, variants, strict=True)}
+            lrs = [r["lr"] for r in run_rows(out, "fedade") if r.get("lr")]
             lr = sum(lrs) / len(lrs) if lrs else None  # mean over rounds of the clients' mean
             results[key] = {
                 "bounds": [bounds["fedade-lr-min"], bounds["fedade-lr-max"]], "pixels": args.pixels,

@@ -35,10 +35,11 @@ from benchmarks.common import (
     note_failures,
     rows_to_run,
     run_main,
+    run_rows,
     write_result,
 )
-from flowerbed.compare import compare, megabytes, run_label
-from flowerbed.results import md_table, pct, read_metrics
+from flowerbed.compare import compare, megabytes
+from flowerbed.results import md_table, pct
 
 ROOT = Path(__file__).resolve().parents[1]
 OPT_IN = {"fedfew@fedfew-distinct-init=true": "fedfew (distinct init)",  # reported alongside
@@ -81,7 +82,7 @@ def main() -> None:
         note_failures(out)
         # earlier rows of this split are kept only if measured with these rounds too
         kept = results.get(split, {}) if configs.get(split) == base else {}
-        last = {m: read_metrics(out / run_label(m))[-1] for m in run}
+        last = {m: (run_rows(out, m) or [{}])[-1] for m in run}  # {} where a run failed
         summaries = json.loads((out / "results.json").read_text())
         new = {m: {**{k: last[m].get(k) for k in KEYS},
                    UP: summaries[m].get(UP)} for m in run}

@@ -31,10 +31,10 @@ from benchmarks.common import (
     read_result,
     rows_to_run,
     run_main,
+    run_rows,
     write_result,
 )
-from flowerbed.compare import compare, markdown_table, run_label
-from flowerbed.results import read_metrics
+from flowerbed.compare import compare, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ["fedxds", "fedxds@fedxds-mask='none'", "fedavg", "fedprox", "scaffold"]
@@ -65,20 +65,22 @@ def main() -> None:
     wall = time.perf_counter() - start
     res = merged_rows(kept, json.loads((out / "results.json").read_text()), METHODS)
     table = markdown_table(res, base, args.num_clients)
-    curves = {m: [(r["round"], r["accuracy"]) for r in read_metrics(out / run_label(m))
+    curves = {m: [(r["round"], r["accuracy"]) for r in run_rows(out, m)
                   if r.get("accuracy") is not None] for m in run}
-    target = res["fedavg"]["final-accuracy"]
-    reach = {m: kept_reach[m] if m in kept_reach else
+    target = res["fedavg"].get("final-accuracy")  # none where FedAvg's run failed
+    reach = {m: kept_reach[m] if m in kept_reach else None if target is None else
              next((rnd for rnd, a in curves[m] if rnd > 0 and a >= target), None) for m in res}
     today = time.strftime("%Y-%m-%d %H:%M")
     dates.update({m: today for m in run})
+    fedxds = res["fedxds"].get("final-accuracy")
     checks = {
-        "fedxds >= fedavg + 3pp": res["fedxds"]["final-accuracy"] >= target + 0.03,
+        "fedxds >= fedavg + 3pp": None not in (fedxds, target) and fedxds >= target + 0.03,
         "fedxds reaches fedavg's final accuracy within half the rounds":
             reach["fedxds"] is not None and reach["fedxds"] <= args.rounds / 2,
     }
+    shown = "-" if target is None else f"{target:.4f}"
     (RESULTS / f"{name}.md").write_text(table + f"\n\nRound at which each method first reaches "
-                                        f"FedAvg's final accuracy ({target:.4f}): {reach}\n")
+                                        f"FedAvg's final accuracy ({shown}): {reach}\n")
     write_result(name, {"table": table, "rounds-to-fedavg-final": reach, "checks": checks,
                         "config": base, "num-clients": args.num_clients,
                         "wall-seconds": round(wall), "row-dates": dates, "results": res,

@@ -149,15 +149,16 @@ def _status(*flags: bool | None) -> str:
     return "met" if all(flags) else "not met" if not any(flags) else "partly"
 
 
-def _pp(a: float, b: float) -> str:
-    return f"{100 * (a - b):+.2f} pp".replace("-", "−")
+def _pp(a: float | None, b: float | None) -> str:
+    """``a`` − ``b`` in percentage points; "-" where a run failed (no figure)."""
+    return "-" if a is None or b is None else f"{100 * (a - b):+.2f} pp".replace("-", "−")
 
 
 def _fedx_rows(d: dict) -> list[tuple[str, ...]]:
     c, r = d["checks"], {m: v["final-accuracy-mean"] for m, v in d["results"].items()}
     bn, byol = "@ssl-head-bn=true", "fedx@fedx-base='byol'"
     flags = (c["fedx(byol) >= fedbyol (last)"], c["fedx(byol) >= fedbyol, both with head BN (last)"])
-    best = max(r, key=r.get)
+    best = max((m for m in r if r[m] is not None), key=r.get, default=None)  # None: all failed
     return [("#3 FedX", "FedX on SimCLR ≥ FedSimCLR + 1 pp",
              _status(c["fedx(simclr) >= fedsimclr + 1pp (last)"]),
              f"{_pp(r['fedx'], r['fedsimclr'])} ({_pct(r['fedx'])} vs {_pct(r['fedsimclr'])}); "
@@ -167,13 +168,13 @@ def _fedx_rows(d: dict) -> list[tuple[str, ...]]:
              f"{_pp(r[byol], r['fedbyol'])}; with BN heads {_pp(r[byol + bn], r['fedbyol' + bn])}"),
             ("#3 FedX", "every method ≥ random-init probe + 10 pp",
              _status(*(v for k, v in c.items() if k.endswith("random-init + 10pp"))),
-             f"floor {_pct(d['random-init-probe'])}; best method {best}: {_pct(r[best])}")]
+             f"floor {_pct(d['random-init-probe'])}; best method {best}: {_pct(r.get(best))}")]
 
 
 def _fedxds_rows(d: dict) -> list[tuple[str, ...]]:
     c, r, rounds = d["checks"], d["results"], d["config"]["num-server-rounds"]
-    issue = f"#5 FedXDS ({r['fedxds']['num-clients']} clients)"
-    fx, fa = r["fedxds"]["final-accuracy"], r["fedavg"]["final-accuracy"]
+    issue = f"#5 FedXDS ({d['num-clients']} clients)"
+    fx, fa = r["fedxds"].get("final-accuracy"), r["fedavg"].get("final-accuracy")
     reach = d["rounds-to-fedavg-final"]["fedxds"]
     return [(issue, "final ≥ FedAvg + 3 pp", _status(c["fedxds >= fedavg + 3pp"]),
              f"{_pp(fx, fa)} ({_pct(fx)} vs {_pct(fa)})"),
@@ -192,8 +193,8 @@ def _privacy_rows(d: dict) -> list[tuple[str, ...]]:
 def _fedade_rows(d: dict) -> list[tuple[str, ...]]:
     c, r, rows = d["checks"], d["results"], []
 
-    def acc(key: str, n: str) -> float:
-        return r[key][n]["mean-accuracy"]
+    def acc(key: str, n: str) -> float | None:
+        return r[key][n].get("mean-accuracy")
 
     for key in (k for k in ("label/lin", "label/ber") if k in r):
         for peer, check, label in (("FixLR(mid)", "FixLR(mid) + 1pp", "FixLR(mid) + 1 pp"),
@@ -205,17 +206,17 @@ def _fedade_rows(d: dict) -> list[tuple[str, ...]]:
                      _status(c["covariate/lin Fed-ADE >= FixLR(mid)"]),
                      _pp(acc("covariate/lin", "Fed-ADE"), acc("covariate/lin", "FixLR(mid)"))))
     if "label/lin" in r:
-        w = {n: r["label/lin"][n]["wall-seconds"] for n in ("Fed-ADE", "FixLR(mid)")}
+        w = {n: r["label/lin"][n].get("wall-seconds") for n in ("Fed-ADE", "FixLR(mid)")}
         rows.append(("#6 Fed-ADE", "wall time ≤ 1.2 × FixLR(mid)'s (label/lin)",
                      _status(c["wall time Fed-ADE <= 1.2 x FixLR(mid)"]),
-                     f"{w['Fed-ADE']:.0f} vs {w['FixLR(mid)']:.0f} s"))
+                     " vs ".join("-" if v is None else f"{v:.0f}" for v in w.values()) + " s"))
     return rows
 
 
 def _fedfew_rows(d: dict) -> list[tuple[str, ...]]:
     c, rows = d["checks"], []
     for split, res in d["results"].items():
-        a = {m: res[m]["client-accuracy"] for m in ("fedfew", "ifca", "fedavg")}
+        a = {m: res[m].get("client-accuracy") for m in ("fedfew", "ifca", "fedavg")}
         rows.append(("#7 FedFew", f"{split}: ≥ IFCA and ≥ FedAvg + 5 pp",
                      _status(c[f"{split} fedfew >= ifca"], c[f"{split} fedfew >= fedavg + 5pp"]),
                      f"{_pct(a['fedfew'])} vs {_pct(a['ifca'])} and {_pct(a['fedavg'])} "

@@ -20,9 +20,12 @@ config, already finished) is a :class:`CheckpointError` that names the file and 
 from __future__ import annotations
 
 import ast
+import contextlib
+import glob
 import hashlib
 import os
 import random
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -114,13 +117,28 @@ def decode(obj: Any, blob_dir: Path | None = None) -> Any:
 
 
 def write_synced(path: Path, payload: Any) -> None:
-    """``torch.save`` to ``path`` atomically: a temporary file, flushed to disk, renamed."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        torch.save(payload, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """``torch.save`` to ``path`` atomically: a temporary file (named for this host and
+    process), flushed to disk, renamed. The temporary files of earlier writers of ``path`` on
+    this host that were killed mid-write (each as large as the file) are removed."""
+    here = f".{path.name}.{socket.gethostname()}."
+    tmp = path.with_name(f"{here}{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    from flowerbed.engine import _alive
+
+    for stale in path.parent.glob(f"{glob.escape(here)}*.tmp"):  # another host's may be live
+        pid = stale.name[len(here):-len(".tmp")]
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                stale.unlink()
 
 
 # ---------------------------------------------------------------------- RNG

@@ -1,4 +1,4 @@
-"""``flowerbed`` command line: run, compare, table, partitions, superlink, deploy."""
+"""``flowerbed`` command line: run, compare, table, methods, partitions, superlink, deploy."""
 
 from __future__ import annotations
 
@@ -152,8 +152,15 @@ def place_run(overrides: dict[str, Any], cfg: Config, kind: str = "") -> Iterato
     (method, ``kind``, time) where none is given ("" too: the launcher must know where the run
     lands); then the refusals the ServerApp would make there, before anything starts. A folder
     made here that the run leaves empty (its SuperLink did not start, Ctrl-C before round 0) is
-    removed again."""
-    from flowerbed.results import new_folder, writable_folder
+    removed again. The folder is this launcher's while the run lasts: a second launcher that
+    names it (the same run-name, or ``--resume`` of the run) is refused until it ends."""
+    from flowerbed.results import (
+        folder_in_use,
+        make_folder,
+        new_folder,
+        refuse_live_writer,
+        writable_folder,
+    )
 
     out = Path(cfg.output_dir).expanduser()  # where the run writes: its folder if it exists
     writable_folder("output-dir", out / overrides["run-name"] if overrides.get("run-name") else out)
@@ -163,14 +170,20 @@ def place_run(overrides: dict[str, Any], cfg: Config, kind: str = "") -> Iterato
         stem = "-".join([cfg.method, *([kind] if kind else [])])
         made = new_folder(Path(overrides["output-dir"]), stem)
         overrides["run-name"] = made.name
-    try:
-        check_run_dir(overrides)
-        yield
-    except BaseException:
-        if made is not None:
-            with contextlib.suppress(OSError):
-                made.rmdir()  # only if empty
-        raise
+    run_dir = Path(overrides["output-dir"]) / overrides["run-name"]
+    if made is None and make_folder(run_dir):
+        made = run_dir  # else it was there: a run to resume, or refused below
+    # refused there: the folder is another launcher's, even where this one made it a moment ago
+    with folder_in_use("run-name", run_dir):
+        try:
+            refuse_live_writer(run_dir)  # a ServerApp that outlived its launcher
+            check_run_dir(overrides)
+            yield
+        except BaseException:
+            if made is not None:
+                with contextlib.suppress(OSError):
+                    made.rmdir()  # only if empty
+            raise
 
 
 def check_run_dir(overrides: dict[str, Any]) -> None:
@@ -245,6 +258,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_methods(args: argparse.Namespace) -> int:
+    from flowerbed.registry import METHODS
+
+    width = max(map(len, METHODS))
+    for name, m in METHODS.items():
+        print(f"{name:<{width}}  {m.summary}")
+    print("\n(run one with -c \"method='<name>'\"; its keys: pyproject.toml, [tool.flwr.app.config])")
+    return 0
+
+
 def cmd_table(args: argparse.Namespace) -> int:
     from flowerbed.compare import failed_runs, table_of_runs
     from flowerbed.results import writable_folder
@@ -293,15 +316,16 @@ def cmd_partitions(args: argparse.Namespace) -> int:
 def cmd_superlink(args: argparse.Namespace) -> int:
     from flowerbed import engine
 
+    home = Path(args.home).expanduser() if args.home else engine.shared_home()
     if args.action == "up":
-        pid = engine.superlink_up(port=args.port)
-        home = engine.shared_home()
+        pid = engine.superlink_up(home, port=args.port)
         print(f"SuperLink pid {pid} on 127.0.0.1:{args.port} (simulation, this venv, no per-run installs)")
         print(f"now: FLWR_HOME={home} flwr run . --stream --federation-config "
               f"\"num-supernodes=10 client-resources-num-cpus=1\"")
     else:
-        pid = engine.superlink_down()
-        print("no SuperLink was started by flowerbed" if pid is None else f"stopped SuperLink pid {pid}")
+        pid = engine.superlink_down(home)
+        print(f"no SuperLink was started by flowerbed from {home}" if pid is None
+              else f"stopped SuperLink pid {pid}")
     return 0
 
 
@@ -420,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
     _federation_args(c)
     c.set_defaults(fn=cmd_compare)
 
+    sub.add_parser("methods", help="the methods: the values of the run-config key `method`"
+                   ).set_defaults(fn=cmd_methods)
+
     t = sub.add_parser("table", help="a comparison's table and plots from runs made separately")
     t.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
                    help="run folders (or folders of runs, e.g. a comparison's): they must share "
@@ -430,6 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("superlink", help="start/stop a background SuperLink for plain `flwr run .`")
     u.add_argument("action", choices=["up", "down"])
     u.add_argument("--port", type=port, default=39191, help="SuperLink port (default 39191)")
+    u.add_argument("--home", default=None, help="its FLWR_HOME (default .flwr-home/; `down` also "
+                   "stops the SuperLink of a killed launcher, .flwr-home/local-<pid>-<port>/)")
     u.set_defaults(fn=cmd_superlink)
 
     d = sub.add_parser("deploy", help="Flower's deployment engine: SuperLink + SuperNodes as processes")

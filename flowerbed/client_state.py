@@ -18,6 +18,7 @@ run where an earlier one was moved aside, never share or prune each other's stat
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import logging
 import re
@@ -89,6 +90,8 @@ def restore(cfg: Config, context: Context, run_key: str, partition_id: int, serv
         return None
     context.state[RESTORED] = ConfigRecord({"round": server_round})
     d = folder(cfg, run_key, partition_id)
+    if not d.is_dir():  # the run's folder was renamed since: its state is under the old name
+        d = _filed_under_another_name(cfg, run_key, partition_id) or d
     _restore_releases(context, d, server_round)
     earlier = [r for r in _rounds(d) if r < server_round] if d.is_dir() else []
     if not earlier:
@@ -113,6 +116,20 @@ def restore(cfg: Config, context: Context, run_key: str, partition_id: int, serv
         context.state[k] = MetricRecord(v)
     log.info("partition %d: restored its state from round %d (%s)", partition_id, r, d)
     return r
+
+
+def _filed_under_another_name(cfg: Config, run_key: str, partition_id: int) -> Path | None:
+    """This client's state filed by the same run (the key's tail is the run id) under the
+    name its folder had then; the newest such folder, if any."""
+    run_id = run_key.rsplit("-", 1)[-1]
+    found = [p for p in root(cfg).glob(f"*-{glob.escape(run_id)}/partition-{partition_id}")
+             if p.is_dir()]
+    if not found:
+        return None
+    d = max(found, key=lambda p: p.stat().st_mtime)
+    log.info("partition %d: its state is filed under the run's former name, %s", partition_id,
+             d.parent.name)
+    return d
 
 
 def _restore_releases(context: Context, d: Path, server_round: int) -> None:

@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from flowerbed import engine
-from flowerbed.results import md_table, new_folder, pct, plot_curves, read_metrics
+from flowerbed.config import PERSONAL_METHODS
+from flowerbed.results import (
+    folder_in_use,
+    md_table,
+    new_folder,
+    pct,
+    plot_curves,
+    read_metrics,
+    refuse_live_writer,
+)
 
 log = logging.getLogger("flowerbed")
 
@@ -86,28 +95,31 @@ def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
     check_labels(methods)
     out = (out or default_out()).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    fed = engine.federation_config(num_clients, cpus_per_client, gpus_per_client)
-    plan = {}
-    for m in methods:
-        rc = {**overrides, **parse_variant(m)[1], "output-dir": str(out), "run-name": run_label(m)}
-        plan[m] = (rc, earlier_run(out / run_label(m), rc, num_clients) if resume else "fresh")
-    keep_earlier_tables(out, resume, methods)  # once the plan stands: a refusal moves nothing
-    results: dict[str, dict[str, Any]] = {}
-    nothing_to_run = all(action == "keep" for _, action in plan.values())
-    try:
-        _run_plan(out, plan, results, fed, nothing_to_run)
-    except KeyboardInterrupt:  # Ctrl-C: the runs that finished still get their table
-        if results:
-            _write_tables(out, results, overrides, num_clients)
-            log.warning("compare: interrupted; the table holds the %d run(s) that ended; "
-                        "`--resume` with the same command runs the rest", len(results))
-        raise
-    return _write_tables(out, results, overrides, num_clients)
+    with folder_in_use("--out", out):  # one launcher per comparison folder at a time
+        fed = engine.federation_config(num_clients, cpus_per_client, gpus_per_client)
+        plan = {}
+        for m in methods:
+            rc = {**overrides, **parse_variant(m)[1], "output-dir": str(out), "run-name": run_label(m)}
+            plan[m] = (rc, earlier_run(out / run_label(m), rc, num_clients) if resume else "fresh")
+        keep_earlier_tables(out, resume, methods)  # once the plan stands: a refusal moves nothing
+        results: dict[str, dict[str, Any]] = {}
+        nothing_to_run = all(action == "keep" for _, action in plan.values())
+        try:
+            _run_plan(out, plan, results, fed, nothing_to_run)
+        except KeyboardInterrupt:  # Ctrl-C: the runs that finished still get their table
+            if results:
+                _write_tables(out, results, overrides, num_clients)
+                log.warning("compare: interrupted; the table holds the %d run(s) that ended; "
+                            "`--resume` with the same command runs the rest", len(results))
+            raise
+        return _write_tables(out, results, overrides, num_clients)
 
 
 def _run_plan(out: Path, plan: dict[str, tuple[dict[str, Any], str]],
               results: dict[str, dict[str, Any]], fed: dict[str, Any], nothing_to_run: bool) -> None:
     """Each planned run in order (kept, resumed or fresh), its summary into ``results``."""
+    from flowerbed.config import ConfigError
+
     with (contextlib.nullcontext((None, None)) if nothing_to_run  # no SuperLink to start
           else engine.local_superlink()) as (home, conn):
         for m in plan:
@@ -120,14 +132,23 @@ def _run_plan(out: Path, plan: dict[str, tuple[dict[str, Any], str]],
                 continue
             if action == "resume":
                 rc["resume"] = str(run_dir)
-            elif run_dir.exists():  # a fresh comparison into an old folder: keep the old run aside
-                log.warning("compare: an earlier %s run was moved to %s", m, set_aside(run_dir))
             log.info("compare: %s%s", m, " (resumed)" if "resume" in rc else "")
+            run_dir.mkdir(exist_ok=True)  # held while it runs: a `run --resume` of it is refused
             try:
-                results[m] = engine.flwr_run(home, conn, rc, fed, log_file=out / f"{name}.log")
-            except engine.RunFailed as e:  # keep the other methods' results
+                with contextlib.ExitStack() as held:
+                    held.enter_context(folder_in_use("run-name", run_dir))  # before an old run moves
+                    refuse_live_writer(run_dir)  # a ServerApp another launcher left running
+                    if action != "resume" and any(run_dir.iterdir()):  # keep the old run aside
+                        log.warning("compare: an earlier %s run was moved to %s", m, set_aside(run_dir))
+                        run_dir.mkdir()
+                        held.enter_context(folder_in_use("run-name", run_dir))
+                    results[m] = engine.flwr_run(home, conn, rc, fed, log_file=out / f"{name}.log")
+            except (engine.RunFailed, ConfigError) as e:  # keep the other methods' results
                 log.error("%s", e)
                 results[m] = {"error": str(e)}
+            finally:  # failed or interrupted before its first file: no empty folder left
+                with contextlib.suppress(OSError):
+                    run_dir.rmdir()  # only if empty
             (out / "results.json").write_text(json.dumps(results, indent=2))
 
 
@@ -230,7 +251,7 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
 
 CLIENT_ACC = "final-client-accuracy"
 ACC_NOTE = ("final acc: the server's measure (the test set; the linear probe for self-supervised "
-            "methods; personalised accuracy for fedfew, ifca, fedrep, local, fedavg-ft; the last "
+            f"methods; personalised accuracy for {', '.join(PERSONAL_METHODS)}; the last "
             "time step's online accuracy for fedade). client "
             "acc: every method on the clients' local test splits, with the model each client "
             "uses (the global model for fedavg and the like, its own for the personalised "
@@ -336,13 +357,19 @@ def compare_seeds(methods: list[str], overrides: dict[str, Any], seeds: list[int
     curves). Returns the markdown table of means."""
     check_labels(methods, seeds)
     out = (out or default_out()).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    with folder_in_use("--out", out):  # one launcher per comparison folder at a time
+        return _compare_seeds(methods, overrides, seeds, num_clients, out, resume, **resources)
+
+
+def _compare_seeds(methods: list[str], overrides: dict[str, Any], seeds: list[int],
+                   num_clients: int, out: Path, resume: bool, **resources: float) -> str:
     if resume:  # every seed's earlier runs checked before anything runs
         for s in seeds:
             for m in methods:
                 rc = {**overrides, **parse_variant(m)[1], "seed": s}
                 earlier_run(out / f"seed-{s}" / run_label(m), rc, num_clients)
-    if out.is_dir():
-        keep_earlier_tables(out, resume, methods, seeds)
+    keep_earlier_tables(out, resume, methods, seeds)
     per_seed: dict[int, dict[str, dict[str, Any]]] = {}
     for s in seeds:
         log.info("compare: seed %d (%d of %d)", s, len(per_seed) + 1, len(seeds))
@@ -544,6 +571,11 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
         shown = [f"{k} ({values(k)})" for k in differ[:8]]
         lines += ["", "Settings that differ between the runs: " + "; ".join(shown)
                   + (f"; and {len(differ) - 8} more" if len(differ) > 8 else "") + "."]
+    software = {labels[d]: f"torch {sw.get('torch')}, flwr {sw.get('flwr')}"
+                for d, c in configs.items() if isinstance(sw := c.get("software"), dict)}
+    if len(set(software.values())) > 1:  # e.g. runs from two machines: say so beside the figures
+        lines += ["", "The runs ran on different software: "
+                  + "; ".join(f"{k}: {v}" for k, v in software.items()) + "."]
     lines += ["", "Runs: " + "; ".join(f"{labels[d]}: {d}" for d in runs) + "."]
     table = "\n".join(lines)
     out = out or new_folder(Path("runs"), "table")  # made once the runs are accepted

@@ -120,18 +120,28 @@ def shared_home() -> Path:
 
 def superlink_up(home: Path | None = None, port: int = 39191) -> int:
     """Start a detached simulation SuperLink for plain `flwr run .`; returns its pid."""
+    from flowerbed.results import held
+
     home = Path(home).resolve() if home else shared_home()
     pid_file = home / "superlink.pid"
-    if (pid := _read_pid(pid_file)) is not None and _alive(*pid):
-        raise EngineError(f"a SuperLink is already running (pid {pid[0]}); stop it with "
-                          "`flowerbed superlink down`")
-    if port_open("127.0.0.1", port):
-        raise EngineError(f"port {port} is in use (another SuperLink?); pick another with --port")
     home.mkdir(parents=True, exist_ok=True)
-    with open(home / "superlink.log", "ab") as out:
-        proc = _start(home, port, out)
-    pid_file.write_text(json.dumps({"pid": proc.pid, "start": start_time(proc.pid)}))
+    # from the check to the pid file: two `up`s at once would start two, one never stopped
+    with held(home / "superlink.lock", EngineError(f"another `flowerbed superlink up` is starting "
+                                                   f"a SuperLink from {home} now")):
+        if (pid := _read_pid(pid_file)) is not None and _alive(*pid):
+            raise EngineError(f"a SuperLink is already running (pid {pid[0]}); stop it with "
+                              "`flowerbed superlink down`")
+        if port_open("127.0.0.1", port):
+            raise EngineError(f"port {port} is in use (another SuperLink?); pick another with --port")
+        with open(home / "superlink.log", "ab") as out:
+            proc = _start(home, port, out)
+        _write_pid(pid_file, proc.pid)
     return proc.pid
+
+
+def _write_pid(pid_file: Path, pid: int) -> None:
+    """A pid file :func:`_read_pid` reads: the pid with its start time (a reused pid is not it)."""
+    pid_file.write_text(json.dumps({"pid": pid, "start": start_time(pid)}))
 
 
 def _read_pid(pid_file: Path) -> tuple[int, int | None] | None:
@@ -258,11 +268,16 @@ def local_superlink(home: Path | None = None, port: int | None = None,
     """
     port = port or free_port()
     own = home is None
+    if own:
+        reap_orphans()
     home = Path(home or shared_home() / f"local-{os.getpid()}-{port}").resolve()
     home.mkdir(parents=True, exist_ok=True)
     out = open(log_file or (shared_home() if own else home) / "superlink.log", "ab")  # noqa: SIM115
     try:
         proc = _start(home, port, out)
+        if own:  # for reap_orphans, should this launcher be killed
+            _write_pid(home / "launcher.pid", os.getpid())
+            _write_pid(home / "superlink.pid", proc.pid)
         try:
             log.info("SuperLink (pid %d) on 127.0.0.1:%d, FLWR_HOME=%s", proc.pid, port, home)
             yield home, CONNECTION
@@ -272,6 +287,38 @@ def local_superlink(home: Path | None = None, port: int | None = None,
         out.close()
         if own:
             shutil.rmtree(home, ignore_errors=True)
+
+
+def reap_orphans() -> None:
+    """The SuperLinks of launchers that were killed (SIGKILL, the OOM killer) outlive them, in
+    sessions of their own, with the rest of their runs: each launcher's start stops those whose
+    run has ended, names those still running one, and removes their FLWR_HOMEs."""
+    for home in sorted(shared_home().glob("local-*-*")):
+        if not (named := re.fullmatch(r"local-(\d+)-\d+", home.name)):
+            continue
+        # a home without launcher.pid (one starting, or made by an older flowerbed): the
+        # launcher's pid is in its name
+        launcher = _read_pid(home / "launcher.pid") or (int(named.group(1)), None)
+        if _alive(*launcher):
+            continue
+        link = _read_pid(home / "superlink.pid")
+        if link is not None and ours(*link):
+            running = [p for p in descendants(link[0]) if "flwr-simulation" in _cmdline(p)]
+            if running:
+                log.warning("a SuperLink (pid %d) left by a launcher that was killed (pid %d) is "
+                            "still running a run; the next launcher after that run stops it "
+                            "(now: flowerbed superlink down --home %s)", link[0], launcher[0], home)
+                continue
+            stop_group(link[0], timeout=10.0)
+            log.info("stopped the SuperLink (pid %d) left by a launcher that was killed (pid %d); "
+                     "its run had ended", link[0], launcher[0])
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    return ""
 
 
 def descendants(*pids: int) -> list[int]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import math
@@ -9,6 +11,7 @@ import os
 import textwrap
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +65,30 @@ class RunDir:
         self.path = Path(output_dir).expanduser().resolve() / run_name
         self.metrics_path = self.path / "metrics.jsonl"
         self.rows: list[dict[str, Any]] = []
+        self._writer = contextlib.ExitStack()  # this ServerApp's, until close()
         if resume_round is None:
             refuse_existing(self.path)
-            self.path.mkdir(parents=True, exist_ok=True)
+            make_folder(self.path)
+        try:
+            self._writer.enter_context(held(self.path / WRITER_LOCK, writer_refusal(self.path)))
+            self._open(config, resume_round)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Lets another ServerApp write this run (a resume); the process's end does it too."""
+        self._writer.close()
+
+    def _open(self, config: dict[str, Any], resume_round: int | None) -> None:
+        """The metrics (emptied, or cut back to ``resume_round``) and config.json."""
+        if resume_round is None:
             self.metrics_path.write_text("")
             self.run_id: str | None = uuid.uuid4().hex[:10]  # this run's, wherever it is moved
         else:
@@ -136,15 +160,29 @@ def new_folder(parent: Path, stem: str) -> Path:
     """A new, empty folder ``<parent>/<stem>-<time>`` (``-2``, ``-3``... appended where that is
     taken), created here, so two runs started in the same second never share one."""
     parent = Path(parent).expanduser()
-    parent.mkdir(parents=True, exist_ok=True)  # a file or broken link there: an OSError, once
+    make_folder(parent)
     base, n = f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}", 1
-    while True:
-        path = parent / (base if n == 1 else f"{base}-{n}")
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            n += 1
+    while not make_folder(path := parent / (base if n == 1 else f"{base}-{n}")):
+        n += 1
+    return path
+
+
+def make_folder(path: Path, key: str = "output-dir") -> bool:
+    """``path`` made with its parents; False where it was there already. Where the file system
+    refuses (a file in the way, a path the kernel keeps such as /proc, a full disk) a
+    ConfigError naming ``key``, not a bare errno."""
+    try:
+        Path(path).mkdir(parents=True)
+        return True
+    except FileExistsError:
+        if Path(path).is_dir():
+            return False
+        reason = "a link to nothing is in the way" if Path(path).is_symlink() else "a file is in the way"
+    except OSError as e:
+        reason = e.strerror or str(e)
+    from flowerbed.config import ConfigError
+
+    raise ConfigError(key, str(path), f"no folder can be made there ({reason})")
 
 
 def writable_folder(key: str, path: str | Path) -> Path:
@@ -159,6 +197,74 @@ def writable_folder(key: str, path: str | Path) -> Path:
     if not os.access(first, os.W_OK | os.X_OK):
         raise ConfigError(key, str(path), f"{first} is a folder this user cannot write to")
     return p
+
+
+@contextlib.contextmanager
+def held(path: Path, refusal: Exception) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (a folder, or a file made if missing) for the block's
+    life, released by the kernel when the process ends, however it ends; ``refusal`` is raised
+    while another process holds it. A file system without locks (some network ones) warns and
+    runs unguarded."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY if Path(path).is_dir() else os.O_RDWR | os.O_CREAT,
+                 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise refusal from None
+    except OSError as e:
+        log.warning("cannot lock %s (%s): two processes using it at once would not be refused",
+                    path, e.strerror or e)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def folder_in_use(key: str, folder: Path) -> contextlib.AbstractContextManager[None]:
+    """Marks the existing ``folder`` as written by this launcher for the block's life, so that a
+    second launcher writing the same run or comparison there at the same time is refused with
+    a ConfigError naming ``key``, instead of both writing one metrics.jsonl."""
+    from flowerbed.config import ConfigError
+
+    return held(folder, ConfigError(key, str(folder), "another flowerbed process is writing there "
+                                    f"now; wait for it to end, or choose another {key}"))
+
+
+#: held by the ServerApp writing a run, in its folder (the launcher holds the folder itself)
+WRITER_LOCK = ".writer.lock"
+
+
+def writer_refusal(run_dir: Path) -> Exception:
+    """What a second writer of the run in ``run_dir`` is told."""
+    from flowerbed.config import ConfigError
+
+    return ConfigError("run-name", str(run_dir), "a ServerApp is still writing this run (one whose "
+                       "launcher was killed goes on until it ends); wait for it, or stop it "
+                       "(`flwr stop <run-id>` on its SuperLink, or end that SuperLink's processes: "
+                       "`pgrep -af flower-superlink`)")
+
+
+def refuse_live_writer(run_dir: Path) -> None:
+    """:func:`writer_refusal` while a ServerApp writes the run in ``run_dir``, before a
+    launcher starts another on it."""
+    if (run_dir / WRITER_LOCK).exists():
+        with held(run_dir / WRITER_LOCK, writer_refusal(run_dir)):
+            pass
+
+
+def software() -> dict[str, str]:
+    """What a run's figures depend on besides its config: the versions of torch, flwr and
+    Python, and the environment they come from: the site-packages torch was loaded from (Flower
+    puts a per-run environment's first on ``sys.path``; ``sys.prefix`` stays the interpreter's)."""
+    import platform
+
+    import flwr
+    import torch
+
+    return {"torch": torch.__version__, "flwr": flwr.__version__,
+            "python": platform.python_version(),
+            "environment": str(Path(torch.__file__).resolve().parents[1])}
 
 
 def refuse_existing(run_dir: Path) -> None:

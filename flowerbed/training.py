@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -22,8 +23,20 @@ GradHook = Callable[[nn.Module], None]
 
 
 def pick_device() -> torch.device:
-    """CUDA when this process was given a GPU (Ray sets CUDA_VISIBLE_DEVICES), else CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """CUDA when this process was given a GPU, else CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() and not _ray_actor_without_gpu() else "cpu")
+
+
+def _ray_actor_without_gpu() -> bool:
+    """A simulation client (a Ray actor) given no GPU share. Ray 2.x hides the GPUs from such an
+    actor (CUDA_VISIBLE_DEVICES=""), a default it announces it will drop
+    (RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO): then every such client would see them all and pile
+    onto cuda:0 outside Ray's accounting. So Ray's own assignment decides. Ray is only asked
+    where it is already loaded (a simulation; the ServerApp there is its driver, not an actor)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return False
+    return ray.get_runtime_context().get_actor_id() is not None and not ray.get_gpu_ids()
 
 
 def configure_threads() -> None:
@@ -209,7 +222,7 @@ def linear_probe(train_f: torch.Tensor, train_y: torch.Tensor, test_f: torch.Ten
     xtr, xte = (train_f - mean) / std, (test_f - mean) / std
     gen = torch.Generator().manual_seed(seed)
     clf = nn.Linear(xtr.shape[1], num_classes)
-    with torch.random.fork_rng():
+    with torch.random.fork_rng(devices=[]):  # the CPU's only: no CUDA context on every GPU
         torch.manual_seed(seed)
         clf.reset_parameters()
     opt = torch.optim.Adam(clf.parameters(), lr=lr, weight_decay=1e-6)

@@ -416,3 +416,26 @@ def test_jain_index_by_hand():
     assert f["jain-index"] == pytest.approx(0.5)
     assert fairness([0.6, 0.6, 0.6])["jain-index"] == pytest.approx(1.0)
     assert f["client-accuracy-std"] == pytest.approx(0.5)
+
+
+def test_a_simulation_client_without_a_gpu_share_stays_on_the_cpu(monkeypatch):
+    """From a GPU-readiness review: on a GPU box, a client given `num-gpus` 0 found CUDA only
+    because Ray hides the GPUs from it, a default Ray says it will drop; then every such client
+    would use cuda:0. Ray's own assignment now decides; the ServerApp (Ray's driver, not an
+    actor) and processes without Ray keep the GPU. (Ray faked: there is no GPU here.)"""
+    import sys
+    import types
+
+    from flowerbed.training import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert pick_device().type == "cuda"  # no Ray loaded: a deployed SuperNode, a test
+
+    def ray(actor: str | None, gpus: list) -> types.ModuleType:
+        ctx = types.SimpleNamespace(get_actor_id=lambda: actor)
+        return types.SimpleNamespace(is_initialized=lambda: True, get_runtime_context=lambda: ctx,
+                                     get_gpu_ids=lambda: gpus)
+
+    for actor, gpus, device in [("a1", [], "cpu"), ("a1", ["0"], "cuda"), (None, [], "cuda")]:
+        monkeypatch.setitem(sys.modules, "ray", ray(actor, gpus))
+        assert pick_device().type == device, (actor, gpus)

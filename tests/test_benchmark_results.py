@@ -191,3 +191,39 @@ def test_benchmark_options_of_the_wrong_form_are_refused_by_the_parser():
                         (common.setting_list, "label"), (int_in(1), "0")):
         with pytest.raises(argparse.ArgumentTypeError, match="is not"):
             parse(text)
+
+
+@pytest.mark.parametrize("script, argv", [
+    ("fedxds", []), ("fedfew", []), ("fedcc", []), ("fedade", ["--steps", "2"]),
+    ("fedade_bounds", ["--steps", "2"]), ("foundation", [])])
+def test_a_benchmark_whose_runs_failed_ends_with_one_line(script, argv, tmp_path, monkeypatch):
+    """Regression: a failed run (its summary holds only the error, its folder no metrics) made
+    fedxds, fedfew and fedade_bounds end in a KeyError or FileNotFoundError after hours of the
+    other runs. Now every script finishes its tables (the failed rows empty, their checks not
+    met) and exits with the failed runs named."""
+    import importlib
+    import sys
+
+    mod = importlib.import_module(f"benchmarks.{script}")
+
+    def failed_compare(methods, overrides, num_clients, out, **kw):
+        out.mkdir(parents=True, exist_ok=True)  # as compare: every run's folder and summary
+        (out / "results.json").write_text(json.dumps({m: {"error": "boom"} for m in methods}))
+        return ""
+
+    (tmp_path / "results").mkdir()
+    for m in (mod, common):
+        monkeypatch.setattr(m, "RESULTS", tmp_path / "results", raising=False)
+    monkeypatch.setattr(mod, "ROOT", tmp_path, raising=False)
+    monkeypatch.setattr(mod, "compare", failed_compare)
+    monkeypatch.setattr(mod, "checked", lambda *a, **k: None)
+    monkeypatch.setattr(mod, "pretrained", lambda cfg: None, raising=False)
+    monkeypatch.setattr(common, "FAILED", [])
+    monkeypatch.setattr(sys, "argv", [script, *argv])
+    with pytest.raises(SystemExit, match=r"benchmark: \d+ run\(s\) failed: bench-"):
+        common.run_main(mod.main)
+    import benchmarks.report as report  # and the README's sections render those results
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results")
+    # (foundation keeps the stored results when every run failed: nothing to render)
+    assert (script == "foundation" or report.render()) and "lacks" not in report.glance()

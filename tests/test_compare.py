@@ -58,7 +58,7 @@ def test_compare_seeds_runs_every_seed_and_averages(tmp_path, fake_engine):
             raise cmp.engine.RunFailed("the ServerApp failed")
         acc = finals[rc["run-name"], rc["seed"]]
         run = tmp_path / f"seed-{rc['seed']}" / rc["run-name"]
-        run.mkdir(parents=True)
+        run.mkdir(parents=True, exist_ok=True)  # as the ServerApp: compare made it
         rows = [{"round": 0, "accuracy": 0.1}, {"round": 1, "accuracy": acc}]
         (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
         summary = {"final-accuracy": acc, "best-accuracy": acc, "initial-accuracy": 0.1}
@@ -470,6 +470,110 @@ def test_default_run_folders_are_never_shared(tmp_path):
     assert len(list((tmp_path / "runs").iterdir())) == 3  # the others, not empty, stay
 
 
+def test_a_run_or_comparison_folder_has_one_launcher_at_a_time(tmp_path):
+    """Regression: two launchers given the same run-name (or a --resume of a run still going)
+    both passed the empty-folder check and wrote one metrics.jsonl; two compares into one --out
+    likewise. The second is now refused while the first holds the folder, and not after."""
+    from flowerbed.cli import place_run
+
+    def rc():
+        return {"method": "fedavg", "output-dir": str(tmp_path / "runs"), "run-name": "mine"}
+
+    first = rc()
+    with place_run(first, Config.from_run_config(first)):
+        with pytest.raises(ConfigError, match="run-name.*another flowerbed process"):
+            with place_run(rc(), Config.from_run_config(rc())):
+                pass
+        assert (tmp_path / "runs" / "mine").is_dir()  # the refusal removed nothing
+        with pytest.raises(ConfigError, match="--out.*another flowerbed process"):
+            cmp.compare(["fedavg"], {}, 2, out=tmp_path / "runs" / "mine")
+        (tmp_path / "runs" / "mine" / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError, match="already holds a run"):  # free again: the usual check
+        with place_run(rc(), Config.from_run_config(rc())):
+            pass
+    with pytest.raises(ConfigError, match="output-dir.*no folder can be made there"):
+        bad = {"method": "fedavg", "output-dir": "/proc/flowerbed-test", "run-name": "x"}
+        with place_run(bad, Config.from_run_config(bad)):
+            pass
+
+
+def test_a_serverapp_that_outlived_its_launcher_keeps_its_run(tmp_path):
+    """Found by a review: a launcher killed with SIGKILL leaves its SuperLink and ServerApp
+    running (they are in a session of their own), and the kernel drops the launcher's lock, so
+    `flowerbed run --resume` of that run wrote the same metrics.jsonl beside it (rounds 5, 5, 6,
+    6, ...). The ServerApp itself holds its run while writing: a second one is refused, and so
+    is a launcher before it starts anything; after the first ends, the resume goes ahead."""
+    from flowerbed.cli import place_run
+    from flowerbed.results import RunDir
+
+    with RunDir(str(tmp_path), "r", {"method": "fedavg"}) as orphan:
+        orphan.log_round({"round": 0, "accuracy": 0.1})
+        with pytest.raises(ConfigError, match="a ServerApp is still writing this run"):
+            RunDir(str(tmp_path), "r", {"method": "fedavg"}, resume_round=0)
+        rc = {"method": "fedavg", "output-dir": str(tmp_path), "run-name": "r",
+              "resume": str(tmp_path / "r")}
+        with pytest.raises(ConfigError, match="a ServerApp is still writing this run"):
+            with place_run(rc, Config.from_run_config(rc)):
+                pass
+    with RunDir(str(tmp_path), "r", {}, resume_round=0) as resumed:
+        assert [r["round"] for r in resumed.rows] == [0]
+
+
+def test_compare_never_moves_aside_a_run_that_is_being_written(tmp_path, fake_engine):
+    """From the review of the locks: a fresh comparison moved an existing folder aside before
+    taking it, and a ServerApp still writing there (another terminal's run, or one whose
+    launcher was killed) wrote its next rows into the new run's metrics.jsonl. That method's
+    row now fails, naming the writer, and its folder stays; the other methods run."""
+    from flowerbed.results import RunDir
+
+    def fake_run(home, conn, rc, fed, **kw):
+        (tmp_path / rc["run-name"] / "metrics.jsonl").write_text('{"round": 1, "accuracy": 0.5}\n')
+        return {"final-accuracy": 0.5}
+
+    fake_engine(fake_run)
+    with RunDir(str(tmp_path), "fedavg", {"method": "fedavg"}) as live:
+        live.log_round({"round": 0})
+        cmp.compare(["fedavg", "fedprox"], {}, 2, out=tmp_path)
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert "a ServerApp is still writing this run" in res["fedavg"]["error"]
+    assert res["fedprox"] == {"final-accuracy": 0.5}
+    assert not list(tmp_path.glob("fedavg.old-*"))
+    rows = (tmp_path / "fedavg" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r) for r in rows] == [{"round": 0}]
+
+
+def test_two_superlink_ups_at_once_start_one(tmp_path):
+    """Found by a review: two `flowerbed superlink up` at once both passed the pid-file check and
+    started a SuperLink each; `down` could stop only the one the pid file named."""
+    from flowerbed.results import held
+
+    with held(tmp_path / "superlink.lock", RuntimeError("held")):  # the first one, starting
+        with pytest.raises(cmp.engine.EngineError, match="another `flowerbed superlink up`"):
+            cmp.engine.superlink_up(tmp_path, port=cmp.engine.free_port())
+    assert not (tmp_path / "superlink.pid").exists()
+
+
+def test_a_comparisons_run_cannot_be_resumed_elsewhere_while_it_runs(tmp_path, fake_engine):
+    """Each run of a comparison holds its folder while it runs: `flowerbed run --resume` of it
+    from another terminal is refused then; a run that fails before its first file leaves no
+    empty folder (a later `compare --resume` would set it aside as an old run)."""
+    from flowerbed.cli import place_run
+
+    refused = []
+
+    def fake_run(home, conn, rc, fed, **kw):
+        again = {**rc, "resume": str(tmp_path / rc["run-name"])}
+        with pytest.raises(ConfigError, match="another flowerbed process") as e:
+            with place_run(again, Config.from_run_config(again)):
+                pass
+        refused.append(e.value)
+        raise cmp.engine.RunFailed("the ServerApp failed")
+
+    fake_engine(fake_run)
+    cmp.compare(["fedavg"], {}, 2, out=tmp_path)
+    assert refused and not (tmp_path / "fedavg").exists()
+
+
 def test_plain_flwr_runs_without_a_name_get_distinct_folders(tmp_path):
     from flowerbed.apps.server_app import default_run_name
 
@@ -557,7 +661,7 @@ def test_review_of_the_session_s_own_fixes(tmp_path, capsys, monkeypatch):
     from flowerbed.results import new_folder
 
     (tmp_path / "gone").symlink_to(tmp_path / "unmounted")
-    with pytest.raises(OSError):
+    with pytest.raises(ConfigError, match="no folder can be made there .a link to nothing is in the way"):
         new_folder(tmp_path / "gone", "fedavg")
     run = tmp_path / "r"
     run.mkdir()
@@ -648,6 +752,11 @@ def test_table_of_runs_made_separately(tmp_path, capsys, caplog):
     rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| ")][1:]
     assert rows == ["| a/seed-0/fedavg", "| b/seed-0/fedavg", "| fedavg@home"]
     assert "each run's own number of rounds" in table and "num-server-rounds (" in table
+    assert "different software" not in table  # one machine: said only where they differ
+    other = {"torch": "9.9", "flwr": "1.42.0"}  # as from another machine
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "software": other}))
+    table, _ = cmp.table_of_runs(runs, tmp_path / "two-table")
+    assert "The runs ran on different software: " in table and "b/seed-0/fedavg: torch 9.9" in table
     assert cli.main(["table", *map(str, runs[:2]), "--out", str(runs[0] / "t")]) == 2
     assert "inside one" in capsys.readouterr().err
     (tmp_path / "seeds" / "seed-0").mkdir(parents=True)
@@ -665,7 +774,7 @@ def test_ctrl_c_in_a_comparison_leaves_the_table_of_the_runs_that_ended(tmp_path
         if rc["run-name"] != "fedavg":
             raise KeyboardInterrupt
         run = tmp_path / "fedavg"
-        run.mkdir()
+        run.mkdir(exist_ok=True)
         (run / "metrics.jsonl").write_text(json.dumps({"round": 0, "accuracy": 0.1}) + "\n"
                                            + json.dumps({"round": 1, "accuracy": 0.5}) + "\n")
         return {"final-accuracy": 0.5, "rounds": 1}
@@ -676,3 +785,11 @@ def test_ctrl_c_in_a_comparison_leaves_the_table_of_the_runs_that_ended(tmp_path
         cmp.compare(["fedavg", "fedprox"], {"num-server-rounds": 1}, 2, out=tmp_path)
     assert "| fedavg | 50.00 |" in (tmp_path / "table.md").read_text()
     assert (tmp_path / "accuracy.png").exists() and "interrupted" in caplog.text
+
+
+def test_flowerbed_methods_lists_every_method(capsys):
+    assert cli.main(["methods"]) == 0
+    out = capsys.readouterr().out
+    from flowerbed.registry import METHODS
+
+    assert all(f"{m} " in out and METHODS[m].summary in out for m in METHODS)

@@ -76,6 +76,44 @@ def test_plain_flwr_run_against_flowerbed_superlink(tmp_path):
     assert pid is not None and not engine._alive(pid)
 
 
+def test_the_superlinks_of_killed_launchers_are_reaped(tmp_path, monkeypatch, caplog):
+    """A launcher killed with SIGKILL leaves its SuperLink (a session of its own) running for
+    good. The next launcher stops such a SuperLink once its run has ended and removes its
+    FLWR_HOME; one still running a run is named (with how to stop it) and left alone, and so is
+    every SuperLink whose launcher lives. (Stand-ins: `sleep` for the SuperLink; one named
+    flwr-simulation below it for a run still going.)"""
+    import os
+
+    monkeypatch.setattr(engine, "PROJECT", tmp_path)
+    (sim := tmp_path / "flwr-simulation").symlink_to("/bin/sleep")
+    ended = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    going = subprocess.Popen(["sh", "-c", f"{sim} 60; true"], start_new_session=True)
+    homes = {}
+    dead = 2 ** 22 + 1  # above any pid_max: a launcher that is gone
+    for name, launcher, link in [("ended", dead, ended.pid), ("going", dead + 1, going.pid),
+                                 ("alive", os.getpid(), ended.pid)]:
+        homes[name] = home = engine.shared_home() / f"local-{launcher}-1"
+        home.mkdir(parents=True)
+        engine._write_pid(home / "launcher.pid", launcher)
+        engine._write_pid(home / "superlink.pid", link)
+    (old := engine.shared_home() / f"local-{dead + 2}-1").mkdir()  # an older flowerbed's: no pids
+    try:
+        for _ in range(50):  # until sh has started its child
+            if any("flwr-simulation" in engine._cmdline(p) for p in engine.descendants(going.pid)):
+                break
+            engine.time.sleep(0.1)
+        engine.reap_orphans()
+        assert ended.wait(timeout=15) is not None and not homes["ended"].exists() and not old.exists()
+        assert going.poll() is None and homes["going"].exists() and homes["alive"].exists()
+        assert f"flowerbed superlink down --home {homes['going']}" in caplog.text
+        engine.superlink_down(homes["going"])  # what the warning says to do
+        assert going.wait(timeout=15) is not None
+    finally:
+        for proc in (ended, going):
+            if proc.poll() is None:
+                engine.stop_group(proc.pid)
+
+
 def test_two_launchers_keep_their_own_superlink(tmp_path, monkeypatch):
     """Two `flowerbed compare`/`run` at once in one project, next to `flowerbed superlink up`:
     each launcher's connection (FLWR_HOME's config.toml) names its own SuperLink, and the

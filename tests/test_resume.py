@@ -8,6 +8,7 @@ The every-method matrices run the real ServerApp ``run`` and the real ClientApp 
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -48,6 +49,38 @@ def differences(a, b, where="") -> list[str]:
 def config(tmp_path, method, name, **more):
     return {**TINY, **EXTRA.get(method, {}), "method": method, "output-dir": str(tmp_path),
             "run-name": name, "client-state-dir": str(tmp_path / "client-state"), **more}
+
+
+def test_plain_flwr_gets_the_output_checks_before_the_data_loads(tmp_path, monkeypatch, caplog):
+    """Found by a walk-through of plain `flwr run`: output-dir='/proc/x' (or a file) ended in a
+    bare errno, and a taken run-name was refused, only after the data had loaded and the nodes
+    had been asked (17-22 s). The ServerApp now checks first. Each run's config.json says which
+    torch/flwr/Python it ran on, and a run in an environment Flower built for it says so."""
+    def nothing_loads(cfg):
+        raise AssertionError("the data loaded before the output checks")
+
+    with monkeypatch.context() as m:
+        m.setattr(server_app, "train_set", nothing_loads)
+        with pytest.raises(ConfigError, match="output-dir.*no folder can be made there"):
+            run_inprocess(config(tmp_path, "fedavg", "x", **{"output-dir": "/proc/flowerbed-x"}), 2)
+        (tmp_path / "file").write_text("")
+        with pytest.raises(ConfigError, match="output-dir.*is a file, not a folder"):
+            run_inprocess(config(tmp_path, "fedavg", "x", **{"output-dir": str(tmp_path / "file")}), 2)
+        (tmp_path / "taken").mkdir()
+        (tmp_path / "taken" / "metrics.jsonl").write_text("{}\n")
+        with pytest.raises(ConfigError, match="already holds a run"):
+            run_inprocess(config(tmp_path, "fedavg", "taken"), 2)
+    run_inprocess(config(tmp_path, "fedavg", "ok", **{"num-server-rounds": 1}), 2)
+    saved = json.loads((tmp_path / "ok" / "config.json").read_text())["software"]
+    assert saved["torch"] == torch.__version__ and saved["flwr"] and saved["environment"]
+    assert "an environment Flower built for it" not in caplog.text  # .venv's torch
+    # Flower's per-run environment is put first on sys.path (sys.prefix stays .venv's), so torch
+    # comes from there: what the record and the warning go by
+    site = "/root/.flwr/runtime-envs/abc123/lib/python3.11/site-packages"
+    monkeypatch.setattr(torch, "__file__", f"{site}/torch/__init__.py")
+    assert server_app.software()["environment"] == site
+    server_app.warn_runtime_env(server_app.software()["environment"])
+    assert "an environment Flower built for it" in caplog.text
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -140,6 +173,27 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     monkeypatch.undo()
     ck = checkpoint.load(tmp_path)  # the previous checkpoint is intact
     assert ck["round"] == 1 and (ck["strategy"]["c"]["w"] == 0).all()
+
+
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
+    """Found by a review: a SIGKILL mid-write left `.checkpoint.pt.<pid>.tmp` (13 MB for the CNN;
+    a FedXDS pool's up to 300 MB) beside the file for good. The next write of that file removes
+    the temporary files of this host's writers that are no longer running, never a live one's
+    or another host's (a shared folder)."""
+    import socket
+    import subprocess
+    import sys
+
+    here = f".checkpoint.pt.{socket.gethostname()}."
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    left = [tmp_path / f"{here}{dead}.tmp", tmp_path / f"{here}{os.getppid()}.tmp",
+            tmp_path / ".checkpoint.pt.other-host.1.tmp"]
+    for f in left:
+        f.write_bytes(b"half a checkpoint")
+    checkpoint.write_synced(tmp_path / "checkpoint.pt", {"round": 1})
+    assert [f.exists() for f in left] == [False, True, True]
+    assert torch.load(tmp_path / "checkpoint.pt")["round"] == 1
 
 
 def test_large_constant_state_is_written_once(tmp_path):
@@ -279,6 +333,7 @@ def test_a_fresh_run_in_a_reused_folder_gets_its_own_client_state(tmp_path):
     second = RunDir(tmp_path, "r", {})
     assert first.run_id and second.run_id and first.run_id != second.run_id
     second.log_round({"round": 0, "seconds": 5.0})
+    first.close(), second.close()  # their ServerApps ended
     resumed = RunDir(tmp_path, "r", {}, resume_round=0)
     assert resumed.run_id == second.run_id
     assert resumed.finish({})["wall-seconds"] >= 5.0  # the kept rounds' time counts too
@@ -600,6 +655,28 @@ def test_a_damaged_client_state_file_falls_back_to_the_round_before(tmp_path, ca
     resumed = ctx()
     assert client_state.restore(cfg.replace(resume="x"), resumed, "run-a", 0, 3) == 1
     assert resumed.state["c"]["round"] == 1 and "cannot read its state" in caplog.text
+
+
+def test_a_renamed_run_still_finds_its_clients_state(tmp_path):
+    """Found by a review: the key is the folder's name plus the run id, so a run folder renamed
+    (or moved aside by compare and resumed there) found none of its clients' state, and SCAFFOLD's
+    c_i silently started again from zero. Restore now also looks for the run id under another
+    name; another run's state (another id) is never taken."""
+    from flwr.app import ConfigRecord, Context, RecordDict
+
+    from flowerbed import client_state
+
+    cfg = Config.from_run_config({"client-state-dir": str(tmp_path)})
+
+    def ctx(state=None):
+        return Context(run_id=1, node_id=1, node_config={}, state=state or RecordDict(), run_config={})
+
+    client_state.save(cfg, ctx(RecordDict({"c": ConfigRecord({"round": 2})})), "r-0123abcdef", 0, 2)
+    client_state.save(cfg, ctx(RecordDict({"c": ConfigRecord({"round": 9})})), "r-ffffffffff", 0, 2)
+    resumed = ctx()
+    assert client_state.restore(cfg.replace(resume="x"), resumed, "moved-0123abcdef", 0, 3) == 2
+    assert resumed.state["c"]["round"] == 2
+    assert client_state.restore(cfg.replace(resume="x"), ctx(), "moved-0000000000", 0, 3) is None
 
 
 def test_a_fed_ade_run_is_not_extended_with_more_rounds(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from flowerbed.config import SSL_METHODS, Config, ConfigError
 from flowerbed.datasets.federated import client_partitions, test_set, train_set
 from flowerbed.datasets.partition import warn_unheld
 from flowerbed.registry import METHODS
-from flowerbed.results import RunDir, new_folder
+from flowerbed.results import RunDir, make_folder, new_folder, refuse_existing, software, writable_folder
 from flowerbed.strategies.base import WHOAMI, cast_like
 from flowerbed.training import pick_device
 
@@ -55,7 +56,8 @@ def wait_for_nodes(grid: Grid, n: int, timeout: float = 120.0) -> list[int]:
     while len(ids := sorted(grid.get_node_ids())) < n:
         if time.time() - t0 > timeout:
             raise TimeoutError(f"only {len(ids)} of the {n} nodes (min-clients) connected "
-                               f"within {timeout:.0f} s")
+                               f"within {timeout:.0f} s: start more SuperNodes (a simulation: "
+                               "num-supernodes in --federation-config) or lower min-clients")
         time.sleep(0.2)
     return ids
 
@@ -67,9 +69,36 @@ def default_run_name(cfg: Config) -> str:
     return new_folder(Path(cfg.output_dir), f"{cfg.method}-{cfg.dataset}-{part}-s{cfg.seed}").name
 
 
+def check_output(cfg: Config) -> None:
+    """Where a new run writes: a folder that cannot be one, or a run-name that holds a run, is
+    refused before the data loads and the nodes are asked (the launcher checks this too; plain
+    `flwr run` gets it here)."""
+    if cfg.resume:  # its folder is checked with its checkpoint
+        return
+    out = Path(cfg.output_dir).expanduser()
+    writable_folder("output-dir", out / cfg.run_name if cfg.run_name else out)
+    make_folder(out)  # where the kernel refuses it (/proc/...), though the checks above pass
+    if cfg.run_name:
+        refuse_existing(out.resolve() / cfg.run_name)
+
+
+def warn_runtime_env(env: str) -> None:
+    """A ServerApp in an environment Flower built for the run (a SuperLink started without
+    ``--disable-runtime-dependency-installation``, e.g. the managed ``:local:`` one) runs
+    pyproject's unpinned dependencies, not the project's .venv: said, since the figures may
+    differ."""
+    if f"{os.sep}runtime-envs{os.sep}" in env + os.sep:
+        log.warning("this run uses an environment Flower built for it (%s: torch %s), not the "
+                    "project's .venv; for .venv, start the SuperLink with "
+                    "--disable-runtime-dependency-installation (`flowerbed run` and `flowerbed "
+                    "superlink up` do)", env, torch.__version__)
+
+
 def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     """The whole run; returns the summary also written to ``summary.json``."""
     method = METHODS[cfg.method]
+    check_output(cfg)
+    warn_runtime_env(software()["environment"])
     torch.manual_seed(cfg.seed)
     train, test = train_set(cfg), test_set(cfg)
     wait_for_nodes(grid, cfg.min_clients)
@@ -94,139 +123,139 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     device = pick_device()
     identity = {**cfg.to_run_config(), "num-partitions": num_partitions}  # what a resume must match
     ckpt, output_dir, run_name = _resume_point(cfg, identity)
-    run_dir = RunDir(output_dir, run_name,
-                     {**identity, "server-device": str(device), **strategy.describe()},
-                     resume_round=ckpt["round"] if ckpt else None)
-    strategy.run_key = client_state.run_key(run_dir.path, run_dir.run_id)
-    if cfg.method in SSL_METHODS and cfg.local_test_fraction > 0:
-        log.warning("%s's clients never evaluate: local-test-fraction=%g holds that share of each "
-                    "client's data out of training, unused; set it to 0 (the fedx presets do)",
-                    cfg.method, cfg.local_test_fraction)
-    log.info("run directory: %s | %s on %s, %s, %d clients, server device %s", run_dir.path,
-             cfg.method, cfg.dataset, cfg.partition, num_partitions, device)
+    described = {**identity, "server-device": str(device), "software": software(), **strategy.describe()}
+    with RunDir(output_dir, run_name, described,
+                resume_round=ckpt["round"] if ckpt else None) as run_dir:  # this ServerApp's till it ends
+        strategy.run_key = client_state.run_key(run_dir.path, run_dir.run_id)
+        if cfg.method in SSL_METHODS and cfg.local_test_fraction > 0:
+            log.warning("%s's clients never evaluate: local-test-fraction=%g holds that share of each "
+                        "client's data out of training, unused; set it to 0 (the fedx presets do)",
+                        cfg.method, cfg.local_test_fraction)
+        log.info("run directory: %s | %s on %s, %s, %d clients, server device %s", run_dir.path,
+                 cfg.method, cfg.dataset, cfg.partition, num_partitions, device)
 
-    last = {"t": time.time()}
-    # best over trained rounds: round 0 (the initial model; for the self-supervised methods the
-    # random-init probe, reported as initial-accuracy) is not a result of training
-    best: dict[str, Any] = {"accuracy": None, "round": None}
-    for r in run_dir.rows:  # a resumed run continues the best-so-far of the rows it keeps
-        if r["round"] > 0 and r.get("accuracy") is not None and (
-                best["accuracy"] is None or r["accuracy"] > best["accuracy"]):
-            best.update(accuracy=r["accuracy"], round=r["round"])
+        last = {"t": time.time()}
+        # best over trained rounds: round 0 (the initial model; for the self-supervised methods the
+        # random-init probe, reported as initial-accuracy) is not a result of training
+        best: dict[str, Any] = {"accuracy": None, "round": None}
+        for r in run_dir.rows:  # a resumed run continues the best-so-far of the rows it keeps
+            if r["round"] > 0 and r.get("accuracy") is not None and (
+                    best["accuracy"] is None or r["accuracy"] > best["accuracy"]):
+                best.update(accuracy=r["accuracy"], round=r["round"])
 
-    def end_of_round(rnd: int, arrays: ArrayRecord) -> MetricRecord | None:
-        row: dict[str, Any] = {"round": rnd, "rounds": cfg.num_server_rounds}
-        res = (strategy.evaluate_global(rnd, arrays, train, test, device)
-               if rnd == 0 or strategy.evaluates(rnd) else None)
-        nan_model = res is not None and not math.isfinite(res[1])  # a diverged model
-        if nan_model:
-            log.warning("round %d: the model's outputs are NaN (the run diverged: a step size too "
-                        "large?); no accuracy", rnd)
-        if res is not None:
-            loss, acc = res
-            row.update(accuracy=acc, loss=loss)
-            if rnd > 0 and acc is not None and math.isfinite(acc) and (
-                    best["accuracy"] is None or acc > best["accuracy"]):
-                best.update(accuracy=acc, round=rnd)
-        if rnd > 0:
-            rl = strategy.take_round_log()
-            row.update({"train-loss": None, "client-accuracy": None, "client-loss": None})
-            # every aggregated client metric: training ones by name, evaluation ones as client-*
-            row.update({k: v for k, v in rl.train_metrics.items() if k != "num-examples"})
-            row.update({f"client-{k}": v for k, v in rl.eval_metrics.items() if k != "num-examples"})
-            row.update({
-                "clients-sampled": len(rl.sampled), "clients-replied": rl.replied,
-                "clients-ok": len(rl.ok),
-                "clients-failed": len(rl.failed), "failures": rl.failed, "clients-lost": rl.lost,
-                "skipped": rl.skipped, "diverged": rl.diverged, "nan-outputs": nan_model,
-                "bytes-up": rl.bytes_up, "bytes-down": rl.bytes_down,
-                "bytes-up-eval": rl.bytes_up_eval, "bytes-down-eval": rl.bytes_down_eval,
-                "per-client": {str(k): v for k, v in sorted(rl.clients.items())},
-                **fairness([v["evaluate-accuracy"] for v in rl.clients.values()
-                            if "evaluate-accuracy" in v]),
-            })
-        now = time.time()
-        row["seconds"] = round(now - last["t"], 3)
-        last["t"] = now
-        run_dir.log_round(row)
-        if rnd > 0:
-            checkpoint.save(run_dir.path, rnd, arrays, strategy.checkpoint_state(), identity)
-        if rnd > 0 and rnd == cfg.fault_crash_after:
-            log.error("fault-crash-after=%d: the ServerApp dies now (checkpoint of round %d written)",
-                      rnd, rnd)
-            raise faults.SimulatedCrash(f"fault-crash-after={rnd}: the ServerApp stops after "
-                                        f"round {rnd}'s checkpoint, without a summary")
-        keep = {k: v for k, v in row.items() if isinstance(v, int | float) and v is not None
-                and not isinstance(v, bool)}
-        return MetricRecord({k: float(v) for k, v in keep.items()})
+        def end_of_round(rnd: int, arrays: ArrayRecord) -> MetricRecord | None:
+            row: dict[str, Any] = {"round": rnd, "rounds": cfg.num_server_rounds}
+            res = (strategy.evaluate_global(rnd, arrays, train, test, device)
+                   if rnd == 0 or strategy.evaluates(rnd) else None)
+            nan_model = res is not None and not math.isfinite(res[1])  # a diverged model
+            if nan_model:
+                log.warning("round %d: the model's outputs are NaN (the run diverged: a step size too "
+                            "large?); no accuracy", rnd)
+            if res is not None:
+                loss, acc = res
+                row.update(accuracy=acc, loss=loss)
+                if rnd > 0 and acc is not None and math.isfinite(acc) and (
+                        best["accuracy"] is None or acc > best["accuracy"]):
+                    best.update(accuracy=acc, round=rnd)
+            if rnd > 0:
+                rl = strategy.take_round_log()
+                row.update({"train-loss": None, "client-accuracy": None, "client-loss": None})
+                # every aggregated client metric: training ones by name, evaluation ones as client-*
+                row.update({k: v for k, v in rl.train_metrics.items() if k != "num-examples"})
+                row.update({f"client-{k}": v for k, v in rl.eval_metrics.items() if k != "num-examples"})
+                row.update({
+                    "clients-sampled": len(rl.sampled), "clients-replied": rl.replied,
+                    "clients-ok": len(rl.ok),
+                    "clients-failed": len(rl.failed), "failures": rl.failed, "clients-lost": rl.lost,
+                    "skipped": rl.skipped, "diverged": rl.diverged, "nan-outputs": nan_model,
+                    "bytes-up": rl.bytes_up, "bytes-down": rl.bytes_down,
+                    "bytes-up-eval": rl.bytes_up_eval, "bytes-down-eval": rl.bytes_down_eval,
+                    "per-client": {str(k): v for k, v in sorted(rl.clients.items())},
+                    **fairness([v["evaluate-accuracy"] for v in rl.clients.values()
+                                if "evaluate-accuracy" in v]),
+                })
+            now = time.time()
+            row["seconds"] = round(now - last["t"], 3)
+            last["t"] = now
+            run_dir.log_round(row)
+            if rnd > 0:
+                checkpoint.save(run_dir.path, rnd, arrays, strategy.checkpoint_state(), identity)
+            if rnd > 0 and rnd == cfg.fault_crash_after:
+                log.error("fault-crash-after=%d: the ServerApp dies now (checkpoint of round %d written)",
+                          rnd, rnd)
+                raise faults.SimulatedCrash(f"fault-crash-after={rnd}: the ServerApp stops after "
+                                            f"round {rnd}'s checkpoint, without a summary")
+            keep = {k: v for k, v in row.items() if isinstance(v, int | float) and v is not None
+                    and not isinstance(v, bool)}
+            return MetricRecord({k: float(v) for k, v in keep.items()})
 
-    arrays = strategy.initial_arrays(strategy.model)
-    if ckpt:
-        strategy.restore_state(ckpt["strategy"])
-        # in the dtypes of a fresh model: checkpoints from before cast_like hold ResNets' int64
-        # num_batches_tracked as float64, and every (int64) reply to it would be refused
-        arrays = cast_like(ckpt["arrays"], arrays)
-        checkpoint.set_rng_state(ckpt["rng"])
-        log.info("resuming %s after round %d of %d", run_dir.path, ckpt["round"], cfg.num_server_rounds)
-    result = strategy.start(grid=grid, initial_arrays=arrays,
-                            num_rounds=cfg.num_server_rounds, timeout=cfg.round_timeout,
-                            train_config=ConfigRecord(), evaluate_config=ConfigRecord(),
-                            evaluate_fn=end_of_round, first_round=ckpt["round"] + 1 if ckpt else 1)
-    rows = run_dir.rows
-    aggregated = sum(1 for r in rows if r["round"] > 0 and not r.get("skipped"))
-    diverged = sum(1 for r in rows[1:] if r.get("diverged"))  # aggregates refused (NaN or inf)
-    if aggregated == 0:  # every client failed every round: the "result" is the initial model
-        why = (f"the aggregate held NaN or inf in {diverged} of {cfg.num_server_rounds} rounds: the "
-               "run diverged (a step size too large?), see 'diverged' and 'failures'" if diverged else
-               f"every client failed in all {cfg.num_server_rounds} rounds; the reasons are under "
-               "'failures'")
-        raise NothingAggregated(f"no round aggregated a client reply ({why} in {run_dir.metrics_path}); "
-                                "no summary is written, the rounds' metrics and checkpoint are kept")
-    if aggregated < cfg.num_server_rounds:
-        skipped = [r["round"] for r in rows if r.get("skipped")]
-        log.warning("only %d of %d rounds aggregated client replies (skipped: %s; the reasons are "
-                    "under 'failures'%s in %s)", aggregated, cfg.num_server_rounds,
-                    ", ".join(map(str, skipped[:10])) + (" ..." if len(skipped) > 10 else ""),
-                    f", and {diverged} aggregate(s) held NaN or inf ('diverged')" if diverged else "",
-                    run_dir.metrics_path)
-    # the last evaluated model's: one with NaN outputs has none, not an earlier round's (a
-    # refused aggregate keeps the model, whose accuracy that round's row holds)
-    final = next((r for r in reversed(rows) if r.get("accuracy") is not None or r.get("nan-outputs")), {})
-    final_client = _last_with(rows, "client-accuracy")
-    if final.get("accuracy") is None and final_client.get("client-accuracy") is None:
-        log.warning("the run finished without an accuracy: every evaluation failed or diverged "
-                    "(see 'nan-outputs', 'diverged' and 'failures' in %s)", run_dir.metrics_path)
-    summary = {
-        "method": cfg.method, "dataset": cfg.dataset, "partition": str(cfg.partition),
-        "seed": cfg.seed, "num-clients": num_partitions, "rounds": cfg.num_server_rounds,
-        "final-accuracy": final.get("accuracy"), "final-loss": final.get("loss"),
-        "final-round": final.get("round"),  # the last round that was evaluated
-        # the clients' local test splits (personalised accuracy): one column for every method
-        "final-client-accuracy": final_client.get("client-accuracy"),
-        "best-accuracy": best["accuracy"], "best-round": best["round"],
-        "initial-accuracy": rows[0].get("accuracy") if rows else None,
-        "mean-accuracy": _mean([r.get("accuracy") for r in rows[1:]]),
-        "mean-pre-accuracy": _mean([r.get("pre-accuracy") for r in rows[1:]]),
-        "bytes-up-total": sum(r.get("bytes-up", 0) for r in rows),
-        "bytes-down-total": sum(r.get("bytes-down", 0) for r in rows),
-        "bytes-up-eval-total": sum(r.get("bytes-up-eval", 0) for r in rows),
-        "bytes-down-eval-total": sum(r.get("bytes-down-eval", 0) for r in rows),
-        "client-failures-total": sum(r.get("clients-failed", 0) for r in rows),
-        "bytes-up-per-client-round": _per_client_round(rows, "bytes-up"),
-        "server-device": str(device),
-        "rounds-aggregated": aggregated,
-    }
-    if (strategy.model is not None and strategy.server_model and result.arrays is not None
-            and len(result.arrays)):
-        tmp = run_dir.path / ".model.pt.tmp"
-        torch.save(result.arrays.to_torch_state_dict(), tmp)
-        tmp.replace(run_dir.path / "model.pt")
-    client_state.prune(cfg, strategy.run_key)  # clients' filed state here: the newest only
-    summary = run_dir.finish(summary)  # last: its presence means the run finished
-    acc = summary["final-accuracy"]
-    log.info("finished: final accuracy %s, summary in %s", "-" if acc is None else f"{acc:.4f}",
-             run_dir.path / "summary.json")
-    return summary
+        arrays = strategy.initial_arrays(strategy.model)
+        if ckpt:
+            strategy.restore_state(ckpt["strategy"])
+            # in the dtypes of a fresh model: checkpoints from before cast_like hold ResNets' int64
+            # num_batches_tracked as float64, and every (int64) reply to it would be refused
+            arrays = cast_like(ckpt["arrays"], arrays)
+            checkpoint.set_rng_state(ckpt["rng"])
+            log.info("resuming %s after round %d of %d", run_dir.path, ckpt["round"], cfg.num_server_rounds)
+        result = strategy.start(grid=grid, initial_arrays=arrays,
+                                num_rounds=cfg.num_server_rounds, timeout=cfg.round_timeout,
+                                train_config=ConfigRecord(), evaluate_config=ConfigRecord(),
+                                evaluate_fn=end_of_round, first_round=ckpt["round"] + 1 if ckpt else 1)
+        rows = run_dir.rows
+        aggregated = sum(1 for r in rows if r["round"] > 0 and not r.get("skipped"))
+        diverged = sum(1 for r in rows[1:] if r.get("diverged"))  # aggregates refused (NaN or inf)
+        if aggregated == 0:  # every client failed every round: the "result" is the initial model
+            why = (f"the aggregate held NaN or inf in {diverged} of {cfg.num_server_rounds} rounds: the "
+                   "run diverged (a step size too large?), see 'diverged' and 'failures'" if diverged else
+                   f"every client failed in all {cfg.num_server_rounds} rounds; the reasons are under "
+                   "'failures'")
+            raise NothingAggregated(f"no round aggregated a client reply ({why} in {run_dir.metrics_path}); "
+                                    "no summary is written, the rounds' metrics and checkpoint are kept")
+        if aggregated < cfg.num_server_rounds:
+            skipped = [r["round"] for r in rows if r.get("skipped")]
+            log.warning("only %d of %d rounds aggregated client replies (skipped: %s; the reasons are "
+                        "under 'failures'%s in %s)", aggregated, cfg.num_server_rounds,
+                        ", ".join(map(str, skipped[:10])) + (" ..." if len(skipped) > 10 else ""),
+                        f", and {diverged} aggregate(s) held NaN or inf ('diverged')" if diverged else "",
+                        run_dir.metrics_path)
+        # the last evaluated model's: one with NaN outputs has none, not an earlier round's (a
+        # refused aggregate keeps the model, whose accuracy that round's row holds)
+        final = next((r for r in reversed(rows) if r.get("accuracy") is not None or r.get("nan-outputs")), {})
+        final_client = _last_with(rows, "client-accuracy")
+        if final.get("accuracy") is None and final_client.get("client-accuracy") is None:
+            log.warning("the run finished without an accuracy: every evaluation failed or diverged "
+                        "(see 'nan-outputs', 'diverged' and 'failures' in %s)", run_dir.metrics_path)
+        summary = {
+            "method": cfg.method, "dataset": cfg.dataset, "partition": str(cfg.partition),
+            "seed": cfg.seed, "num-clients": num_partitions, "rounds": cfg.num_server_rounds,
+            "final-accuracy": final.get("accuracy"), "final-loss": final.get("loss"),
+            "final-round": final.get("round"),  # the last round that was evaluated
+            # the clients' local test splits (personalised accuracy): one column for every method
+            "final-client-accuracy": final_client.get("client-accuracy"),
+            "best-accuracy": best["accuracy"], "best-round": best["round"],
+            "initial-accuracy": rows[0].get("accuracy") if rows else None,
+            "mean-accuracy": _mean([r.get("accuracy") for r in rows[1:]]),
+            "mean-pre-accuracy": _mean([r.get("pre-accuracy") for r in rows[1:]]),
+            "bytes-up-total": sum(r.get("bytes-up", 0) for r in rows),
+            "bytes-down-total": sum(r.get("bytes-down", 0) for r in rows),
+            "bytes-up-eval-total": sum(r.get("bytes-up-eval", 0) for r in rows),
+            "bytes-down-eval-total": sum(r.get("bytes-down-eval", 0) for r in rows),
+            "client-failures-total": sum(r.get("clients-failed", 0) for r in rows),
+            "bytes-up-per-client-round": _per_client_round(rows, "bytes-up"),
+            "server-device": str(device),
+            "rounds-aggregated": aggregated,
+        }
+        if (strategy.model is not None and strategy.server_model and result.arrays is not None
+                and len(result.arrays)):
+            tmp = run_dir.path / ".model.pt.tmp"
+            torch.save(result.arrays.to_torch_state_dict(), tmp)
+            tmp.replace(run_dir.path / "model.pt")
+        client_state.prune(cfg, strategy.run_key)  # clients' filed state here: the newest only
+        summary = run_dir.finish(summary)  # last: its presence means the run finished
+        acc = summary["final-accuracy"]
+        log.info("finished: final accuracy %s, summary in %s", "-" if acc is None else f"{acc:.4f}",
+                 run_dir.path / "summary.json")
+        return summary
 
 
 #: a key added later -> the key whose value it took before (its value in older checkpoints)

@@ -28,7 +28,7 @@ class PersonalStrategy(FlowerbedFedAvg):
             return [to_record(model)] * self.cfg.num_models
         out = []
         for k in range(self.cfg.num_models):
-            with torch.random.fork_rng():
+            with torch.random.fork_rng(devices=[]):  # the CPU's only: no CUDA context on every GPU
                 torch.manual_seed(self.cfg.seed * 100 + k)
                 for m in model.modules():
                     if hasattr(m, "reset_parameters"):
