@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from flowerbed.config import Config, ConfigError, load_preset, parse_overrides
+from flowerbed.config import Config, ConfigError, defaults, load_preset, parse_overrides
 
 log = logging.getLogger("flowerbed")
 
@@ -37,6 +37,30 @@ def _federation_args(p: argparse.ArgumentParser, resumable: bool = False) -> Non
                    help="a TOML file of run-config values, e.g. presets/fedx-cpu.toml")
     p.add_argument("--run-config", "-c", action="append", default=[],
                    help="run-config overrides, flwr syntax: \"method='fedprox' lr=0.05\"")
+
+
+# the launchers' shortcuts for the run-config keys users change most, over the preset and -c
+SHORTCUTS = {"method": "method", "partition": "partition", "rounds": "num-server-rounds", "seed": "seed"}
+
+
+def _shortcut_args(p: argparse.ArgumentParser, defaults: dict[str, Any], method: bool = False) -> None:
+    """--partition/--rounds/--seed (and --method): each sets its run-config key over the preset
+    and -c; ``defaults`` names the value a key none of them sets gets."""
+    def default(key: str) -> str:
+        return f"default: the preset's or -c's, else {defaults[key]}"
+    if method:
+        p.add_argument("--method", default=None, help=f"{default('method')} (`flowerbed methods`)")
+    p.add_argument("--partition", default=None,
+                   help=f"e.g. iid, dirichlet:0.1, pathological:2; {default('partition')}")
+    p.add_argument("--rounds", type=int_in(1), default=None,
+                   help=f"num-server-rounds; {default('num-server-rounds')}")
+    p.add_argument("--seed", type=int, default=None, help=default("seed"))
+
+
+def _with_shortcuts(overrides: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """``overrides`` (preset, then -c) with the --method/--partition/--rounds/--seed given."""
+    given = {key: getattr(args, opt, None) for opt, key in SHORTCUTS.items()}
+    return {**overrides, **{k: v for k, v in given.items() if v is not None}}
 
 
 @contextlib.contextmanager
@@ -87,7 +111,11 @@ def preflight(overrides: dict[str, Any], num_clients: int, gpus: float) -> Confi
         raise ConfigError("--num-clients", num_clients, f"must be >= min-clients ({cfg.min_clients})")
     with clients_are_partitions(num_clients):
         client_partitions(cfg, num_clients)
-    METHODS[cfg.method].strategy(cfg).check_setup(num_clients)  # what the ServerApp checks first
+    logging.disable(logging.WARNING)  # its warnings: the ServerApp's stream repeats them
+    try:
+        METHODS[cfg.method].strategy(cfg).check_setup(num_clients)  # what the ServerApp checks first
+    finally:
+        logging.disable(logging.NOTSET)
     if cfg.client_state_dir:  # the clients run here: they file their state there
         writable_folder("client-state-dir", cfg.client_state_dir)
     return cfg
@@ -95,8 +123,6 @@ def preflight(overrides: dict[str, Any], num_clients: int, gpus: float) -> Confi
 
 def resume_overrides(run_dir: str) -> tuple[dict[str, Any], int]:
     """The run config and client count of the run in ``run_dir``, set to resume it."""
-    from flowerbed.config import defaults
-
     path = Path(run_dir).expanduser().resolve()
     try:
         saved = json.loads((path / "config.json").read_text())
@@ -113,7 +139,7 @@ def resume_overrides(run_dir: str) -> tuple[dict[str, Any], int]:
 def cmd_run(args: argparse.Namespace) -> int:
     from flowerbed import engine
 
-    overrides = _overrides(args)
+    overrides = _with_shortcuts(_overrides(args), args)
     if overrides.get("resume") and not args.resume:  # -c resume='<dir>': the same as --resume
         args.resume = overrides.pop("resume")
     if args.resume:  # the original run's config; -c may still change num-server-rounds & co.
@@ -202,13 +228,13 @@ def check_run_dir(overrides: dict[str, Any]) -> None:
         raise ConfigError("num-server-rounds", asked, reason)
 
 
+COMPARE_DEFAULTS = {"partition": "dirichlet:0.5", "num-server-rounds": 20, "seed": 0}
+
+
 def compare_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The preset, then -c, then --partition/--rounds/--seed where given; a key none of them
     sets gets the launcher's default (dirichlet:0.5, 20 rounds, seed 0)."""
-    overrides = {"partition": "dirichlet:0.5", "num-server-rounds": 20, "seed": 0, **_overrides(args)}
-    given = {"partition": args.partition, "num-server-rounds": args.rounds, "seed": args.seed}
-    overrides.update({k: v for k, v in given.items() if v is not None})
-    return overrides
+    return _with_shortcuts({**COMPARE_DEFAULTS, **_overrides(args)}, args)
 
 
 def _seeds(text: str) -> list[int]:
@@ -349,7 +375,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         print(f"private key {pub.with_suffix('')}, public key {pub} "
               f"(register it: flwr supernode register {pub} <connection>)")
     elif args.action == "export-data":
-        cfg = Config.from_run_config(_overrides(args))
+        cfg = Config.from_run_config(_with_shortcuts(_overrides(args), args))
         from flowerbed.datasets.federated import export_partitions
 
         n = 2 if args.num_clients is None else args.num_clients
@@ -388,7 +414,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         print(f"now: flowerbed deploy run{at} -c \"method='fedavg'\"   or   FLWR_HOME={dep.home} "
               f"flwr run . {deploy.CONNECTION} --stream")
     elif args.action == "run":
-        overrides = _overrides(args)
+        overrides = _with_shortcuts(_overrides(args), args)
         dep = deploy.Deployment.load(home)
         deploy.check_superlink(dep)  # before the data loads for the split check
         n = dep.supernodes()
@@ -420,21 +446,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("run", help="one simulation through a local SuperLink and `flwr run`")
+    _shortcut_args(r, defaults(), method=True)
     _federation_args(r, resumable=True)
     r.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help="continue the run in RUN_DIR from its last complete round (its config and "
-                        "client count are reused; -c num-server-rounds=N extends it)")
+                        "client count are reused; --rounds N extends it)")
     r.set_defaults(fn=cmd_run)
 
     c = sub.add_parser("compare", help="several methods on identical partitions and seeds")
     c.add_argument("--methods", required=True,
                    help="comma-separated names or variants, e.g. fedavg,fedprox,scaffold or "
                         "fedsimclr,fedx,fedbyol,fedx@fedx-base='byol'")
-    c.add_argument("--partition", default=None,
-                   help="default: the preset's or -c's partition, else dirichlet:0.5")
-    c.add_argument("--rounds", type=int, default=None,
-                   help="default: the preset's or -c's num-server-rounds, else 20")
-    c.add_argument("--seed", type=int, default=None, help="default: the preset's or -c's, else 0")
+    _shortcut_args(c, COMPARE_DEFAULTS)
     c.add_argument("--seeds", default=None,
                    help="comma-separated seeds, e.g. 0,1,2: every method once per seed "
                         "(<out>/seed-<s>/), then a table of mean ± std over the seeds")
@@ -488,6 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder from `export-data`: SuperNode i reads only <folder>/client-i")
     d.add_argument("--out", default=None, help="certs / node-key / export-data: where to write")
     d.add_argument("--preset", default=None, help="run / export-data: a TOML file of run-config values")
+    _shortcut_args(d, defaults(), method=True)  # run / export-data
     d.add_argument("--run-config", "-c", action="append", default=[],
                    help="run / export-data: run-config overrides, flwr syntax")
     d.set_defaults(fn=cmd_deploy)

@@ -40,6 +40,38 @@ def test_preset_and_run_config_are_not_overridden_by_the_flags_defaults():
     assert (rc["num-server-rounds"], rc["partition"], rc["seed"]) == (20, "dirichlet:0.5", 0)
 
 
+def test_run_and_deploy_take_the_compare_shortcuts(tmp_path, monkeypatch, capsys):
+    """A README walk-through: `flowerbed run --method fedfew --rounds 1` was refused as
+    unrecognized arguments, though `compare` takes --rounds/--partition/--seed. They win over the
+    preset and -c, and extend a resumed run."""
+    seen = []
+
+    def stop(overrides, *a):
+        seen.append(overrides)
+        raise ConfigError("stop", 0, "here")
+
+    monkeypatch.setattr(cli, "preflight", stop)
+    assert cli.main(["run", "--preset", PRESET, "-c", "seed=3 lr=0.05", "--method", "fedsimclr",
+                     "--partition", "iid", "--rounds", "4", "--seed", "7"]) == 2
+    rc = seen[-1]
+    assert (rc["method"], rc["partition"], rc["num-server-rounds"], rc["seed"], rc["lr"]) == (
+        "fedsimclr", "iid", 4, 7, 0.05)
+    assert cli.main(["run", "--preset", PRESET]) == 2 and seen[-1]["num-server-rounds"] == 10
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"method": "fedavg", "num-partitions": 3,
+                                                 "num-server-rounds": 2}))
+    assert cli.main(["run", "--resume", str(run), "--rounds", "5"]) == 2
+    assert seen[-1]["num-server-rounds"] == 5 and seen[-1]["resume"] == str(run.resolve())
+    assert cli.main(["run", "--resume", str(run), "--method", "fedprox"]) == 2
+    assert "keeps its config; this changes method" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--rounds", "0"])
+    assert "'0' is not an integer >= 1" in capsys.readouterr().err
+    args = cli.build_parser().parse_args(["deploy", "run", "--method", "fedx", "--seed", "2"])
+    assert cli._with_shortcuts({"seed": 0}, args) == {"method": "fedx", "seed": 2}
+
+
 @pytest.mark.parametrize("bad", ["0,x", "1,1", ","])
 def test_bad_seeds_are_refused_naming_the_flag(bad, capsys):
     with pytest.raises(ConfigError, match="--seeds"):

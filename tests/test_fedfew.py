@@ -1,5 +1,6 @@
 """FedFew's weights and update, IFCA's clustering, FedRep's split, and the personalised clients."""
 
+import logging
 from types import SimpleNamespace
 
 import numpy as np
@@ -415,3 +416,11 @@ def test_more_models_than_clients_is_warned(strategy, caplog):
     cfg = Config.from_run_config({"method": "fedfew", "num-models": 5, "local-test-fraction": 0.25})
     strategy(cfg).check_setup(3)
     assert "num-models=5 is more than the 3 clients: at least 2 models can serve no client" in caplog.text
+    if strategy is FedFewStrategy:  # not printed twice under the launchers (the ServerApp's stream)
+        from flowerbed import cli
+
+        caplog.clear()
+        cli.preflight({**cfg.to_run_config(), "train-samples": 600}, 3, 0.0)
+        assert "num-models" not in caplog.text
+        logging.getLogger("flowerbed").warning("still on")
+        assert "still on" in caplog.text
