@@ -124,6 +124,15 @@ def preflight(overrides: dict[str, Any], num_clients: int, gpus: float) -> Confi
 def resume_overrides(run_dir: str) -> tuple[dict[str, Any], int]:
     """The run config and client count of the run in ``run_dir``, set to resume it."""
     path = Path(run_dir).expanduser().resolve()
+    if not path.is_dir():
+        raise ConfigError("--resume", run_dir, f"no such folder: {path}")
+    if not (path / "config.json").exists():
+        from flowerbed.compare import is_comparison
+
+        raise ConfigError("--resume", run_dir, (
+            f"{path} holds a comparison, not a run: continue it with `flowerbed compare --out "
+            f"{path} --resume` and its --methods" if is_comparison(path) else
+            f"{path} is not a run folder (no config.json; a run's folder is <output-dir>/<run-name>)"))
     try:
         saved = json.loads((path / "config.json").read_text())
         n = int(saved.get("num-partitions", 0))
@@ -248,7 +257,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from flowerbed.compare import compare
+    from flowerbed import compare as cmp
     from flowerbed.results import writable_folder
 
     overrides = compare_overrides(args)
@@ -258,12 +267,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     seeds = _seeds(args.seeds) if args.seeds else None
     if seeds and args.seed is not None:
         raise ConfigError("--seed", args.seed, "give either --seed or --seeds, not both")
-    from flowerbed.compare import check_labels, compare_seeds, default_out, failed_runs, parse_variant
-
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    check_labels(methods, seeds)
+    cmp.check_labels(methods, seeds)
+    out = writable_folder("--out", args.out) if args.out else None  # checked before a folder is made
+    if out:
+        cmp.check_out(out, args.resume, seeds)
     for m in methods:
-        rc = {**overrides, **parse_variant(m)[1]}
+        rc = {**overrides, **cmp.parse_variant(m)[1]}
         if rc.get("resume"):
             raise ConfigError("resume", rc["resume"], "compare continues a comparison with --out "
                               "<its folder> --resume, not a run's resume key")
@@ -272,12 +282,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from flowerbed.engine import federation_config
 
     federation_config(args.num_clients, args.cpus_per_client, args.gpus_per_client)  # refused
-    out = writable_folder("--out", args.out) if args.out else default_out()  # before a folder is made
+    out = out or cmp.default_out()  # made here, once nothing was refused
     kw = {"num_clients": args.num_clients, "cpus_per_client": args.cpus_per_client,
           "gpus_per_client": args.gpus_per_client, "out": out, "resume": args.resume}
-    table = compare_seeds(methods, overrides, seeds, **kw) if seeds else compare(methods, overrides, **kw)
+    table = (cmp.compare_seeds(methods, overrides, seeds, **kw) if seeds
+             else cmp.compare(methods, overrides, **kw))
     print(table)
-    if failed := failed_runs(out):
+    if failed := cmp.failed_runs(out):
         log.error("compare: %d run(s) failed: %s (their logs are in %s)", len(failed),
                   ", ".join(failed), out.resolve())
         return 1
@@ -423,7 +434,13 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                               f"{n} SuperNodes (`deploy up --num-clients` sets them)")
         # as `run` does, before anything starts: the split is checked unless the SuperNodes
         # read their own data folders (then each one's data is what it holds)
-        cfg = Config.from_run_config(overrides) if dep.own_data else preflight(overrides, n, 0.0)
+        try:
+            cfg = Config.from_run_config(overrides) if dep.own_data else preflight(overrides, n, 0.0)
+        except ConfigError as e:
+            if e.key != "--num-clients":
+                raise
+            raise ConfigError("--num-clients", n, f"{e.allowed}: the deployment in {dep.home} has {n} "
+                              "SuperNodes (`deploy up --num-clients` sets them)") from None
         with place_run(overrides, cfg, "deploy"):
             print(json.dumps(deploy.run(dep, overrides), indent=2))
     elif args.action == "status":

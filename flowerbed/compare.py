@@ -72,6 +72,39 @@ def default_out() -> Path:
     return new_folder(Path("runs"), "compare")
 
 
+def is_comparison(path: Path) -> bool:
+    """Whether ``path`` holds a comparison (its tables, or a ``--seeds`` one's seed folders)."""
+    return (path / "results.json").exists() or any(path.glob("seed-*/"))
+
+
+def check_out(out: Path, resume: bool, seeds: list[int] | None) -> None:
+    """Refuse an ``--out`` that a comparison would damage or misread, before anything runs: a
+    run's own folder; with ``--resume``, a folder with nothing to continue, or one made with
+    --seeds resumed without them (or the other way round: its tables would be set aside)."""
+    from flowerbed.config import ConfigError
+
+    if (out / "config.json").exists():
+        raise ConfigError("--out", str(out), "this is a run's folder, not a comparison's: give "
+                          "a new folder or an earlier comparison's")
+    if not resume:
+        return
+    if not out.is_dir() or not any(out.iterdir()):
+        raise ConfigError("--resume", True, f"nothing to continue in {out} (no earlier comparison "
+                          "there); drop --resume to start one")
+    try:
+        earlier = json.loads((out / "results.json").read_text())
+    except (OSError, ValueError):
+        earlier = None
+    made_with = (sorted(earlier.get("seeds", [])) if isinstance(earlier, dict) and "seeds" in earlier
+                 else sorted(int(p.name[5:]) for p in out.glob("seed-*/") if p.name[5:].isdigit()))
+    if made_with and not seeds:
+        raise ConfigError("--resume", True, f"the comparison in {out} was made with --seeds "
+                          f"{','.join(map(str, made_with))}: give them again")
+    if seeds and not made_with and (out / "results.json").exists():
+        raise ConfigError("--seeds", ",".join(map(str, seeds)), f"the comparison in {out} was "
+                          "made without --seeds: resume it without them (or give a new --out)")
+
+
 def failed_runs(out: Path) -> list[str]:
     """The runs of the comparison in ``out`` that failed: ``method`` or ``method (seed s)``."""
     results = json.loads((out / "results.json").read_text())

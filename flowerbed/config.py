@@ -88,6 +88,17 @@ def load_preset(path: str) -> dict[str, Any]:
     return parse_overrides([path], "--preset")
 
 
+_CLIENTS = ("the number of clients is not a run-config key: `flowerbed run/compare "
+            "--num-clients`, `deploy up --num-clients`, or num-supernodes in flwr's --federation-config")
+#: names users reach for that are not run-config keys, and what sets them instead
+NOT_KEYS = {"num-clients": _CLIENTS, "num-supernodes": _CLIENTS, "num-partitions": _CLIENTS,
+            "rounds": "did you mean num-server-rounds (the launchers' --rounds)?",
+            "num-rounds": "did you mean num-server-rounds (the launchers' --rounds)?",
+            "epochs": "did you mean local-epochs?"}
+SECTION = ("a TOML section header (e.g. [tool.flwr.app.config]) puts its keys under that name: "
+           "a preset holds the keys at its top level, without a header")
+
+
 @dataclass(frozen=True)
 class Partition:
     """A parsed ``partition`` value, e.g. ``dirichlet:0.5``."""
@@ -240,8 +251,9 @@ class Config:
         unknown = sorted(set(merged) - known)
         if unknown:
             near = difflib.get_close_matches(unknown[0], known, n=3)
-            hint = (f"did you mean {' or '.join(near)}?" if near else
-                    "every key and its default: pyproject.toml, [tool.flwr.app.config]")
+            hint = (NOT_KEYS.get(unknown[0]) or (SECTION if "." in unknown[0] else "")
+                    or (f"did you mean {' or '.join(near)}?" if near else
+                        "every key and its default: pyproject.toml, [tool.flwr.app.config]"))
             raise ConfigError(unknown[0], merged[unknown[0]], f"unknown key; {hint}")
         values: dict[str, Any] = {}
         for f in fields(cls):

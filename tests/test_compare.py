@@ -231,6 +231,36 @@ def test_malformed_saved_configs_and_resume_by_key_are_one_line(tmp_path, capsys
     assert list(tmp_path.glob("partitions-fashion-mnist-*.png"))
 
 
+def test_resume_and_out_refuse_folders_that_are_not_theirs(tmp_path, capsys):
+    """A README walk-through: `run --resume` of a missing folder printed a FileNotFoundError;
+    `compare --out <a run>` set the run's plot aside and made a run inside it; `compare --resume
+    --out <typo>` started afresh; resuming a --seeds comparison without --seeds replaced its
+    mean ± std table with one seed's."""
+    run, cmp_dir = tmp_path / "run", tmp_path / "cmp"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"method": "fedavg", "num-partitions": 3}))
+    (cmp_dir / "seed-0").mkdir(parents=True)
+    cases = [(["run", "--resume", str(tmp_path / "nope")], "no such folder"),
+             (["run", "--resume", str(cmp_dir)], f"holds a comparison, not a run: continue it with "
+                                                  f"`flowerbed compare --out {cmp_dir} --resume`"),
+             (["run", "--resume", str(tmp_path)], "is not a run folder (no config.json"),
+             (["compare", "--methods", "fedavg", "--out", str(run)], "this is a run's folder"),
+             (["compare", "--methods", "fedavg", "--out", str(tmp_path / "typo"), "--resume"],
+              "nothing to continue in"),
+             (["compare", "--methods", "fedavg", "--out", str(cmp_dir), "--resume"],
+              "was made with --seeds 0: give them again")]
+    for argv, message in cases:
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (argv, err)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "results.json").write_text(json.dumps({"fedavg": {"rounds": 2}}))
+    assert cli.main(["compare", "--methods", "fedavg", "--out", str(tmp_path / "one"), "--resume",
+                     "--seeds", "0,1"]) == 2
+    assert "made without --seeds" in capsys.readouterr().err
+    assert not (tmp_path / "typo").exists() and sorted(p.name for p in run.iterdir()) == ["config.json"]
+
+
 def test_resume_refuses_another_client_count(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"method": "fedavg", "num-partitions": 3}))
     assert cli.main(["run", "--resume", str(tmp_path), "--num-clients", "5"]) == 2

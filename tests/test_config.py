@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from flowerbed.config import Config, ConfigError, defaults, parse_partition
+from flowerbed.config import Config, ConfigError, defaults, load_preset, parse_partition
 from flowerbed.datasets.federated import client_partitions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,6 +171,19 @@ def test_typos_get_a_did_you_mean():
         Config.from_run_config({"method": "fedavgg"})
     with pytest.raises(ConfigError, match="did you mean fedavg\\?"):
         Config.from_run_config({"method": "FedAvg"})
+
+
+@pytest.mark.parametrize("key, hint", [("num-clients", "--num-clients"), ("num-supernodes", "--num-clients"),
+                                       ("rounds", "num-server-rounds"), ("epochs", "local-epochs")])
+def test_keys_that_are_options_name_the_option(key, hint, tmp_path):
+    """A README walk-through: num-clients=3 suggested min-clients, num-supernodes num-models,
+    and a preset with its pyproject section header read 'tool.flwr.app.config.method'."""
+    with pytest.raises(ConfigError, match=f"unknown key; .*{hint}"):
+        Config.from_run_config({key: 3})
+    preset = tmp_path / "p.toml"
+    preset.write_text('[tool.flwr.app.config]\nmethod = "fedprox"\n')
+    with pytest.raises(ConfigError, match="a preset holds the keys at its top level, without a header"):
+        Config.from_run_config(load_preset(str(preset)))
 
 
 def test_empty_method_lists_and_parts_are_refused():

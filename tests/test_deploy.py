@@ -516,6 +516,10 @@ def test_deploy_run_checks_the_split_against_its_supernodes_before_it_starts(tmp
     assert "'partition' = 'pathological:11'" in capsys.readouterr().err
     assert cli.main(["deploy", "run", *home, "--num-clients", "5"]) == 2
     assert "has 3 SuperNodes" in capsys.readouterr().err
+    assert cli.main(["deploy", "run", *home, "-c", "min-clients=4"]) == 2  # not the user's option
+    assert "must be >= min-clients (4): the deployment in" in capsys.readouterr().err
+    assert cli.main(["deploy", "run", *home, "--method", "fedavgg"]) == 2
+    assert "did you mean fedavg?" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
     assert cli.main(["deploy", "down", "--home", str(tmp_path / "none")]) == 0  # as superlink down
     assert "nothing to stop" in capsys.readouterr().out
