@@ -79,7 +79,8 @@ def _rounds(d: Path) -> list[int]:
     return [int(m.group(1)) for p in d.glob("round-*.pt") if (m := re.fullmatch(r"round-(\d+)\.pt", p.name))]
 
 
-def restore(cfg: Config, context: Context, run_key: str, partition_id: int, server_round: int) -> int | None:
+def restore(cfg: Config, context: Context, run_key: str, partition_id: int, server_round: int,
+            keeps_state: bool = True) -> int | None:
     """In a resumed run, put back the newest state filed before ``server_round``; returns its round.
 
     Runs once per client and run (a marker in ``context.state`` remembers it was done). Records
@@ -94,10 +95,10 @@ def restore(cfg: Config, context: Context, run_key: str, partition_id: int, serv
         d = _filed_under_another_name(cfg, run_key, partition_id) or d
     _restore_releases(context, d, server_round)
     earlier = [r for r in _rounds(d) if r < server_round] if d.is_dir() else []
-    if not earlier:
-        log.info("partition %d: no filed state from before round %d in %s (its method keeps none, "
-                 "or it was lost: then it starts from the method's initial state)",
-                 partition_id, server_round, d)
+    if not earlier:  # said only where the method's client keeps state (Client.keeps_state)
+        log.log(logging.INFO if keeps_state else logging.DEBUG, "partition %d: no filed state from "
+                "before round %d in %s (none filed, or lost: it starts from the method's initial state)",
+                partition_id, server_round, d)
         return None
     for r in sorted(earlier, reverse=True):  # a damaged file: the one before it (KEEP), loudly
         try:

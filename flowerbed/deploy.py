@@ -23,6 +23,7 @@ import datetime as dt
 import json
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -181,7 +182,8 @@ def spawn(cmd: list[str], log_path: Path, wrap: list[str] | None = None,
     """Start a process in its own session (so it and its children stop together), with ``env``
     added to its environment."""
     full = [*(wrap or []), *cmd]
-    log.info("$ %s", " ".join([*(f"{k}={v}" for k, v in (env or {}).items()), *full]))
+    log.info("$ %s", " ".join([*(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()),
+                               shlex.join(full)]))  # quoted: it can be pasted into a shell
     with open(log_path, "ab") as out:
         return subprocess.Popen(full, stdout=out, stderr=subprocess.STDOUT, cwd=PROJECT,
                                 env={**flwr_env(log_path.parent.parent), **(env or {})},

@@ -13,6 +13,7 @@ import contextlib
 import datetime
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -97,6 +98,16 @@ def test_node_config_and_commands():
     sl = deploy.superlink_cmd(dep, "0.0.0.0", 8000)
     assert "--enable-supernode-auth" in sl and "--database" in sl and "--ssl-certfile" in sl
     assert "--insecure" in deploy.superlink_cmd(deploy.Deployment(insecure=True))
+
+
+def test_the_logged_command_can_be_pasted_into_a_shell(tmp_path, caplog):
+    """A README walk-through: the SuperNode line `--node-config partition-id=0 num-partitions=2`
+    was logged unquoted, so pasting it ran flower-supernode with a stray argument."""
+    (tmp_path / "logs").mkdir()
+    cmd = [sys.executable, "-c", "pass", "--node-config", 'partition-id=0 data-dir="/d/c 0"']
+    deploy.spawn(cmd, tmp_path / "logs" / "x.log", env={"CUDA_VISIBLE_DEVICES": "0,1"}).wait()
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("$ "))
+    assert shlex.split(line[2:]) == ["CUDA_VISIBLE_DEVICES=0,1", *cmd]
 
 
 def test_supernodes_spread_over_several_gpus(monkeypatch, tmp_path):

@@ -107,6 +107,10 @@ def test_estimators_on_constructed_inputs():
     # later rounds of step 2 reuse step 2's estimate (S^t compares steps, not rounds)
     assert client.shift(model, -5 * x.abs(), 2) == (s_unc, s_rep)
     assert client.shift(model, x, 2) == (s_unc, s_rep)
+    # its first log line names the stream it adapts on, not the seeded split it never trains on
+    assert client.data_line() == (f"an unlabelled {cfg.fedade_shift}-shift stream ({cfg.fedade_schedule}) "
+                                  f"of {cfg.num_server_rounds // cfg.fedade_rounds_per_step} time "
+                                  f"steps x {cfg.fedade_batch} samples from the post-deployment pool")
 
 
 @pytest.mark.parametrize("extra", [{}, {"fedade-risk": "bbse"}, {"fedade-lr-mode": "none"},

@@ -459,8 +459,11 @@ def test_cli_resume_reuses_the_runs_config(tmp_path, monkeypatch):
     rc, n = cli.resume_overrides(str(tmp_path / "r"))
     assert n == 3 and rc["lr"] == 0.02 and rc["method"] == "scaffold"
     assert rc["resume"] == str(tmp_path / "r") and rc["run-name"] == "r"
-    with pytest.raises(ConfigError, match="no readable config.json"):
+    with pytest.raises(ConfigError, match="no such folder"):
         cli.resume_overrides(str(tmp_path / "nothing-here"))
+    (tmp_path / "r" / "config.json").write_text("{")
+    with pytest.raises(ConfigError, match="no readable config.json"):
+        cli.resume_overrides(str(tmp_path / "r"))
 
 
 @pytest.mark.parametrize("method,extra", [("fedavg", {}), ("fedfew", {"fedfew-eval": "local"})])
@@ -677,6 +680,24 @@ def test_a_renamed_run_still_finds_its_clients_state(tmp_path):
     assert client_state.restore(cfg.replace(resume="x"), resumed, "moved-0123abcdef", 0, 3) == 2
     assert resumed.state["c"]["round"] == 2
     assert client_state.restore(cfg.replace(resume="x"), ctx(), "moved-0000000000", 0, 3) is None
+
+
+def test_a_resumed_stateless_client_says_nothing_of_state(tmp_path, caplog):
+    """A README walk-through: resuming FedFew (no client state) logged 'no filed state' per client."""
+    from flwr.app import Context, RecordDict
+
+    from flowerbed import client_state
+
+    cfg = Config.from_run_config({"client-state-dir": str(tmp_path), "resume": "x"})
+    for keeps in (False, True):
+        ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+        caplog.clear()
+        assert client_state.restore(cfg, ctx, "r-0123abcdef", 0, 3, keeps_state=keeps) is None
+        assert ("no filed state" in caplog.text) is keeps
+    from flowerbed.clients import fedfew, fedx, scaffold
+
+    assert scaffold.ScaffoldClient.keeps_state and fedx.FedXBYOLClient.keeps_state
+    assert not fedx.FedXSimCLRClient.keeps_state and not fedfew.FedFewClient.keeps_state
 
 
 def test_a_fed_ade_run_is_not_extended_with_more_rounds(tmp_path):

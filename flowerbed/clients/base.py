@@ -37,6 +37,10 @@ class Client:
     Subclasses override :meth:`fit` (the local update) or :meth:`train` (the whole exchange).
     """
 
+    #: whether it keeps records in ``context.state`` between rounds (filed per round; a resumed
+    #: run says where a client of such a method finds none)
+    keeps_state = False
+
     def __init__(self, cfg: Config, context: Context) -> None:
         self.cfg, self.context = cfg, context
         self.partition_id = int(context.node_config["partition-id"])
@@ -76,15 +80,18 @@ class Client:
     def round_of(self, msg: Message) -> int:
         return int(msg.content["config"]["server-round"])  # seeds and files the round: required
 
+    def data_line(self) -> str:
+        """What it trains and tests on, for its first log line."""
+        return f"{len(self.train_data)} train, {len(self.test_data)} local test samples"
+
     # ------------------------------------------------------------------ message handlers
     def whoami(self, msg: Message) -> Message:
         info = ConfigRecord({"partition-id": self.partition_id,
                              "num-partitions": self.num_partitions,
                              "num-train": len(self.train_data), "num-test": len(self.test_data),
                              "device": str(self.device)})
-        log.info("client partition %d/%d on %s: %d train, %d local test samples",
-                 self.partition_id, self.num_partitions, self.device, len(self.train_data),
-                 len(self.test_data))
+        log.info("client partition %d/%d on %s: %s", self.partition_id, self.num_partitions,
+                 self.device, self.data_line())
         return Message(content=RecordDict({"info": info}), reply_to=msg)
 
     def train(self, msg: Message) -> Message:

@@ -30,6 +30,7 @@ STATE = "distill.model"
 
 
 class DistillClient(Client):
+    keeps_state = True
     extra_outputs = 0      # FedCC: 1 ("unknown")
     probabilities = True   # FedMD uploads logits
 

@@ -68,6 +68,13 @@ def bbse_weights(conf: np.ndarray, pred_freq: np.ndarray) -> np.ndarray:
 
 
 class FedADEClient(Client):
+    keeps_state = True
+
+    def data_line(self) -> str:
+        c = self.cfg
+        return (f"an unlabelled {c.fedade_shift}-shift stream ({c.fedade_schedule}) of {num_steps(c)} "
+                f"time steps x {c.fedade_batch} samples from the post-deployment pool")
+
     def model_for(self, msg: Message) -> nn.Module:
         """ψ̄ from the server (or the client's own ψ when sync is off) + its own φ."""
         state = self.context.state.array_records

@@ -25,6 +25,8 @@ def ema_update(target: torch.nn.Module, online: torch.nn.Module, rate: float) ->
 
 
 class BYOLClient(SSLClient):
+    keeps_state = True
+
     def prepare(self, model: SSLNet, msg: Message) -> None:
         super().prepare(model, msg)
         record = self.context.state.array_records.get(TARGET) or msg.content["arrays"]

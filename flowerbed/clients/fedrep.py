@@ -21,6 +21,8 @@ def set_trainable(model: nn.Module, head: bool) -> None:
 
 
 class FedRepClient(Client):
+    keeps_state = True
+
     def personal_model(self, msg: Message) -> nn.Module:
         return self.model_with(msg.content["arrays"], self.context.state.array_records.get(HEAD))
 

@@ -39,6 +39,8 @@ RELEASED = client_state.RELEASED + "fedxds.shared"  # this client's own upload t
 
 
 class FedXDSClient(Client):
+    keeps_state = True
+
     def sigma(self) -> float:
         return self.cfg.resolved_sigma()
 

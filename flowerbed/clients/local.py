@@ -16,6 +16,8 @@ STATE = "local.model"
 
 
 class LocalClient(Client):
+    keeps_state = True
+
     def own_model(self) -> nn.Module:
         saved = self.context.state.array_records.get(STATE)
         if saved is not None:

@@ -34,6 +34,8 @@ log = logging.getLogger("flowerbed")
 
 
 class ScaffoldClient(Client):
+    keeps_state = True
+
     def _variate(self, record: ArrayRecord | None, name: str, like: torch.Tensor) -> torch.Tensor:
         if record is not None and name in record:
             v = torch.as_tensor(record[name].numpy(), device=like.device)

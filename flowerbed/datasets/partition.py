@@ -130,6 +130,9 @@ def _split(labels, partition, num_partitions, seed, min_size) -> tuple[np.ndarra
         with warnings.catch_warnings():  # its unused-classes hint names its own option, not
             # one of ours; warn_unheld says which classes no client holds
             warnings.filterwarnings("ignore", message="Classes: .* will NOT be used")
+            # one per redraw, listing every client's alpha; a split that never succeeds is our
+            # one-line ConfigError below, and one that does needs no warning
+            warnings.filterwarnings("ignore", message="The specified min_partition_size")
             out = tuple(np.asarray(part.load_partition(i)["idx"], dtype=np.int64)
                         for i in range(num_partitions))
     except ValueError as e:
