@@ -411,6 +411,7 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
             sink.write(f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n")
             sink.flush()
         out = sink or (None if quiet else sys.stdout)
+        echo = None if quiet or not sink else sys.stdout  # a logged run's progress, one line a round
         with subprocess.Popen(cmd, env=flwr_env(home), cwd=PROJECT, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
             run_id = None
@@ -422,6 +423,10 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
                     if out:
                         out.write(line)
                         out.flush()
+                    if echo and PROGRESS in line:  # "<run-name> [round r/n] acc ..."
+                        at = line.index(PROGRESS) + len(PROGRESS) - len("[round ")
+                        echo.write(f"{run_config['run-name']} {line[at:]}")
+                        echo.flush()
             except BaseException:  # Ctrl-C or a broken terminal: leave neither flwr nor the run
                 proc.terminate()
                 try:  # Popen's exit waits without a limit for anything but a KeyboardInterrupt
@@ -442,6 +447,7 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
 
 
 _STARTED = re.compile(r"Successfully started run (\d+)")
+PROGRESS = "flowerbed: [round "  # the ServerApp's line per round (results.progress_line)
 
 
 def stop_run(home: Path, connection: str, run_id: str) -> None:
@@ -467,7 +473,7 @@ def failure_reason(lines: list[str], run_dir: Path) -> str:
     """The ServerApp's own error from the end of a run's output, or a generic line: flowerbed's
     exceptions first, else the last error after the last round's progress line (earlier ones
     can be clients' errors, which the round survived)."""
-    last_round = max((i for i, ln in enumerate(lines) if "flowerbed: [round " in ln), default=-1)
+    last_round = max((i for i, ln in enumerate(lines) if PROGRESS in ln), default=-1)
     mine = [ln for ln in lines if "flowerbed." in ln]  # e.g. flowerbed.config.ConfigError: ...
     for line in [*reversed(mine), *reversed(lines[last_round + 1:])]:
         if m := _REASON.search(line):

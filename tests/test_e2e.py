@@ -137,9 +137,11 @@ def test_compare_over_seeds_through_the_cli(tmp_path):
     """`flowerbed compare --seeds`: each seed a full comparison through the real engine, then
     the mean over seeds (the averaging itself: tests/test_compare.py)."""
     small = "num-server-rounds=1 train-samples=600 test-samples=200 min-clients=2"
-    subprocess.run([engine._bin("flowerbed"), "compare", "--methods", "fedavg", "--seeds", "0,1",
-                    "--num-clients", "2", "--out", str(tmp_path), "-c", small],
-                   check=True, timeout=400, capture_output=True, cwd=engine.PROJECT)
+    done = subprocess.run([engine._bin("flowerbed"), "compare", "--methods", "fedavg", "--seeds", "0,1",
+                           "--num-clients", "2", "--out", str(tmp_path), "-c", small],
+                          check=True, timeout=400, capture_output=True, text=True, cwd=engine.PROJECT)
+    # each run's progress on the console, one line a round (the rest goes to its log file)
+    assert done.stdout.count("\nfedavg [round 1/1] acc ") == 2, done.stdout
     runs = [json.loads((tmp_path / f"seed-{s}" / "fedavg" / "summary.json").read_text()) for s in (0, 1)]
     assert [r["seed"] for r in runs] == [0, 1] and runs[0]["initial-accuracy"] != runs[1]["initial-accuracy"]
     res = json.loads((tmp_path / "results.json").read_text())["summary"]["fedavg"]
