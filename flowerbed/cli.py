@@ -390,8 +390,13 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         from flowerbed.datasets.federated import export_partitions
 
         n = 2 if args.num_clients is None else args.num_clients
+        out = Path(args.out or "client-data")
+        if (earlier := sorted(p.name for p in out.glob("client-*/"))) and not args.force:
+            raise ConfigError("--out", str(out), f"holds an earlier export ({', '.join(earlier[:3])}"
+                              f"{', ...' if len(earlier) > 3 else ''}); give another --out, or "
+                              "--force to replace it")
         with clients_are_partitions(n):
-            written = export_partitions(cfg, n, Path(args.out or "client-data"))
+            written = export_partitions(cfg, n, out, replace=args.force)
         for f in written:
             print(f"{f}: {json.loads((f / 'partition.json').read_text())['num-train']} train samples")
     elif args.action == "up":
@@ -520,7 +525,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra name/IP for the SuperLink's TLS certificate (repeatable)")
     d.add_argument("--insecure", action="store_true", help="no TLS (plain HTTP); only when asked")
     d.add_argument("--force", action="store_true",
-                   help="certs, node-key: replace existing certificates (and their CA), or key pair")
+                   help="certs, node-key, export-data: replace existing certificates (and their "
+                        "CA), key pair, or exported client folders")
     d.add_argument("--auth", action="store_true",
                    help="SuperNode authentication: only registered keys may connect")
     d.add_argument("--data-root", default="", help="data set folder the SuperNodes read")

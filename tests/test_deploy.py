@@ -148,6 +148,7 @@ def test_own_data_folder_equals_the_seeded_partition(tmp_path, caplog):
                                                    "seed": 1}), folders[0], 0, 3)
     assert "exported with partition='dirichlet:0.5', seed=0; this run has partition='iid', seed=1" \
         in caplog.text
+
     with pytest.raises(DataError, match="holds fashion-mnist, the run uses cifar10"):
         read_partition_dir(Config.from_run_config({"dataset": "cifar10"}), folders[0], 0)
     # exported without local test splits, read by a run that asks for them: split, and said
@@ -162,6 +163,21 @@ def test_own_data_folder_equals_the_seeded_partition(tmp_path, caplog):
     (folders[2] / "test-images.idx.gz").unlink()  # no test split: made by local-test-fraction
     tr, te = read_partition_dir(cfg, folders[2], 2)
     assert len(te) == round(0.1 * (len(tr) + len(te)))
+
+def test_export_data_does_not_overwrite_an_earlier_export(tmp_path, capsys):
+    """A README walk-through: a second export-data into the same --out overwrote the first
+    without a word (and a 3-client export over a 5-client one left client-3, client-4 behind)."""
+    from flowerbed import cli
+
+    base = ["deploy", "export-data", "--out", str(tmp_path), "-c", "train-samples=600"]
+    assert cli.main([*base, "--num-clients", "4"]) == 0
+    assert cli.main([*base, "--num-clients", "2", "--seed", "1"]) == 2
+    assert "holds an earlier export (client-0, client-1, client-2, ...); give another --out, or " \
+           "--force" in capsys.readouterr().err
+    assert json.loads((tmp_path / "client-0" / "partition.json").read_text())["seed"] == 0
+    assert cli.main([*base, "--num-clients", "2", "--seed", "1", "--force"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["client-0", "client-1"]
+    assert json.loads((tmp_path / "client-0" / "partition.json").read_text())["seed"] == 1
 
 
 @pytest.fixture(scope="module")

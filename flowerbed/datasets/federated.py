@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -108,10 +109,14 @@ def client_data(cfg: Config, partition_id: int, num_partitions: int,
 # <dir>/partition.json: what the folder holds (data set, partition id, how it was made)
 
 
-def export_partitions(cfg: Config, num_partitions: int, out: Path) -> list[Path]:
+def export_partitions(cfg: Config, num_partitions: int, out: Path, replace: bool = False) -> list[Path]:
     """Write each client's (local train, local test) data, as the seed route computes it, into
-    ``out/client-<i>/``; a SuperNode given ``data-dir=out/client-<i>`` then trains on exactly it."""
+    ``out/client-<i>/``; a SuperNode given ``data-dir=out/client-<i>`` then trains on exactly it.
+    With ``replace``, an earlier export's ``client-*`` folders are removed first (once the split
+    is known to work), so none of a larger earlier export is left beside it."""
     parts = client_partitions(cfg, num_partitions)  # validates the split first
+    for old in Path(out).glob("client-*/") if replace else []:
+        shutil.rmtree(old)
     folders = []
     for i in range(num_partitions):
         tr, te = client_data(cfg, i, num_partitions)
