@@ -562,6 +562,7 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
     other settings that differ are listed under the table. A run without ``summary.json`` did
     not finish: its row says failed. Returns the markdown table and the folder written."""
     from flowerbed.config import ConfigError, defaults
+    from flowerbed.registry import METHODS
 
     runs = run_folders(paths)
     if out is not None and any(out.resolve() == d or d in out.resolve().parents for d in runs):
@@ -578,8 +579,10 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
     def values(key: str) -> str:
         return "; ".join(f"{labels[d]}: {c.get(key)!r}" for d, c in configs.items())
 
-    def differs(key: str) -> bool:
-        return len({json.dumps(c[key]) for c in configs.values() if key in c}) > 1
+    def differs(key: str) -> bool:  # among the runs whose method reads it (fedxds-*: FedXDS's)
+        owner = key.split("-", 1)[0] if key.split("-", 1)[0] in METHODS else None
+        return len({json.dumps(c[key]) for c in configs.values()
+                    if key in c and owner in (None, c.get("method"))}) > 1
 
     for key in SPLIT_KEYS:
         if differs(key):
