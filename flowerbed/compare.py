@@ -336,9 +336,13 @@ def skipped_rounds(results: dict[str, dict[str, Any]]) -> list[str]:
             "metrics.jsonl): " + "; ".join(short) + "."] if short else []
 
 
-def notes(client: bool, stream: bool) -> list[str]:
-    """The notes under a table with a ``client acc`` or a stream's columns."""
-    text = " ".join([ACC_NOTE] * client + [STREAM_NOTE] * stream)
+INITIAL_NOTE = ("initial acc: the initial model (round 0) by each method's own measure; for the "
+                "self-supervised methods the random-init encoder's linear probe, their floor.")
+
+
+def notes(client: bool, stream: bool, initial: bool = False) -> list[str]:
+    """The notes under a table with an ``initial acc``, a ``client acc`` or a stream's columns."""
+    text = " ".join([INITIAL_NOTE] * initial + [ACC_NOTE] * client + [STREAM_NOTE] * stream)
     return ["", text] if text else []
 
 
@@ -348,9 +352,11 @@ def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any]
     changes to the shared settings are named under it."""
     client = any(s.get(CLIENT_ACC) is not None for s in results.values())
     stream = any(streams(s) for s in results.values())
+    initial = any(s.get("initial-accuracy") is not None for s in results.values())
     cols: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
         *([("mean online acc %", lambda s: pct(s.get("mean-accuracy")) if streams(s) else "-"),
            ("mean pre-update acc %", lambda s: pct(s.get("mean-pre-accuracy")))] if stream else []),
+        *([("initial acc %", lambda s: pct(s.get("initial-accuracy")))] if initial else []),
         ("final acc %", lambda s: pct(s.get("final-accuracy"))),
         *([("client acc %", lambda s: pct(s.get(CLIENT_ACC)))] if client else []),
         ("best acc % (round)", lambda s: f"{pct(s.get('best-accuracy'))} ({s.get('best-round')})"),
@@ -365,7 +371,7 @@ def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any]
     lines = [f"Same partitions and seed for every method{but}: {_title(overrides, n)}, "
              f"{_rounds(overrides)}.", "",
              *md_table(["method", *(h for h, _ in cols)], rows), *varied, *skipped_rounds(results)]
-    return "\n".join(lines + notes(client, stream))
+    return "\n".join(lines + notes(client, stream, initial))
 
 
 def plot_comparison(curves: dict[str, list[dict[str, Any]]], out: Path, title: str,
@@ -475,10 +481,12 @@ def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n
 
     client = any(st.get(f"{CLIENT_ACC}-mean") is not None for st in summary.values())
     stream = any(st.get("mean-pre-accuracy-mean") is not None for st in summary.values())
+    initial = any(st.get("initial-accuracy-mean") is not None for st in summary.values())
     cols: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
         *([("mean online acc %", lambda st: mean_sd(st, "mean-accuracy")
             if st.get("mean-pre-accuracy-mean") is not None else "-"),
            ("mean pre-update acc %", lambda st: mean_sd(st, "mean-pre-accuracy"))] if stream else []),
+        *([("initial acc %", lambda st: mean_sd(st, "initial-accuracy"))] if initial else []),
         ("final acc %", lambda st: mean_sd(st, "final-accuracy")),
         ("per seed", per_seed),
         *([("client acc %", lambda st: mean_sd(st, CLIENT_ACC))] if client else []),
@@ -494,7 +502,7 @@ def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n
              *exceptions(summary), *skipped_rounds({
                  f"{m} (seed {s})": {"rounds": st["rounds"][s], "rounds-aggregated": a}
                  for m, st in summary.items() for s, a in st.get("rounds-aggregated", {}).items()})]
-    return "\n".join(lines + notes(client, stream))
+    return "\n".join(lines + notes(client, stream, initial))
 
 
 #: what fixes the clients' data (and Fed-ADE's streams): runs that differ in one of these were
