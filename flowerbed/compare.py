@@ -567,10 +567,11 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
     ``accuracy.png`` (and ``client-accuracy.png``), as :func:`compare` writes them (``out``:
     default ``runs/table-<time>``). Runs that do not share their data (:data:`SPLIT_KEYS`; a key
     a run's config lacks, written by older code, is not compared) are refused, naming the key;
-    other settings that differ are listed under the table. A run without ``summary.json`` did
-    not finish: its row says failed. Returns the markdown table and the folder written."""
-    from flowerbed.config import ConfigError, defaults
-    from flowerbed.registry import METHODS
+    other settings that differ are listed under the table. Runs that differ in their seed alone
+    are a table over seeds, as ``compare --seeds`` writes it (every method on the same seeds).
+    A run without ``summary.json`` did not finish: its row says failed. Returns the markdown
+    table and the folder written."""
+    from flowerbed.config import ConfigError
 
     runs = run_folders(paths)
     if out is not None and any(out.resolve() == d or d in out.resolve().parents for d in runs):
@@ -583,21 +584,15 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
         except (OSError, ValueError, TypeError) as e:
             raise ConfigError("RUN_DIR", str(d), f"its config.json is unreadable ({e})") from None
     labels = run_labels(runs, configs)
-
-    def values(key: str) -> str:
-        return "; ".join(f"{labels[d]}: {c.get(key)!r}" for d, c in configs.items())
-
-    def differs(key: str) -> bool:  # among the runs whose method reads it (fedxds-*: FedXDS's)
-        owner = key.split("-", 1)[0] if key.split("-", 1)[0] in METHODS else None
-        return len({json.dumps(c[key]) for c in configs.values()
-                    if key in c and owner in (None, c.get("method"))}) > 1
-
+    over_seeds = _differs(configs, "seed") and not any(
+        _differs(configs, k) for k in SPLIT_KEYS if k != "seed")
     for key in SPLIT_KEYS:
-        if differs(key):
+        if _differs(configs, key) and not over_seeds:
             raise ConfigError("RUN_DIR", "; ".join(labels.values()), f"the runs were not on the "
-                              f"same data: their {key} differs ({values(key)}); a table compares "
-                              "methods on the same partitions and seed")
-    differ = sorted(k for k in set(defaults()) - BOOKKEEPING if differs(k))
+                              f"same data: their {key} differs ({_values(configs, labels, key)}); a "
+                              "table compares methods on the same partitions and seed")
+    if over_seeds:
+        return _table_over_seeds(runs, configs, out)
     results = {labels[d]: _summary(d) for d in runs}
     curves = {}
     for d in runs:
@@ -606,27 +601,118 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
                 curves[labels[d]] = read_metrics(d)
             except (OSError, ValueError) as e:
                 results[labels[d]] = {"error": f"unreadable metrics.jsonl ({e})", "run-dir": str(d)}
-    first = {k: next((c[k] for c in configs.values() if k in c), None) for k in SPLIT_KEYS}
-    shared = {**first, "num-server-rounds": None if differs("num-server-rounds")
-              else configs[runs[0]].get("num-server-rounds")}
+    shared = _shared(configs)
     n = int(shared.get("num-partitions") or 0)
-    lines = [markdown_table(results, shared, n, variants=False)]
-    if differ:
-        shown = [f"{k} ({values(k)})" for k in differ[:8]]
-        lines += ["", "Settings that differ between the runs: " + "; ".join(shown)
-                  + (f"; and {len(differ) - 8} more" if len(differ) > 8 else "") + "."]
-    software = {labels[d]: f"torch {sw.get('torch')}, flwr {sw.get('flwr')}"
-                for d, c in configs.items() if isinstance(sw := c.get("software"), dict)}
-    if len(set(software.values())) > 1:  # e.g. runs from two machines: say so beside the figures
-        lines += ["", "The runs ran on different software: "
-                  + "; ".join(f"{k}: {v}" for k, v in software.items()) + "."]
-    lines += ["", "Runs: " + "; ".join(f"{labels[d]}: {d}" for d in runs) + "."]
-    table = "\n".join(lines)
+    table = "\n".join([markdown_table(results, shared, n, variants=False),
+                       *_differences(configs, labels),
+                       "", "Runs: " + "; ".join(f"{labels[d]}: {d}" for d in runs) + "."])
     out = out or new_folder(Path("runs"), "table")  # made once the runs are accepted
     out.mkdir(parents=True, exist_ok=True)
     keep_earlier_tables(out, False, list(results), command="table")
     (out / "results.json").write_text(json.dumps(results, indent=2))
     plot_comparison(curves, out, _title(shared, n), [m for m in results if m not in curves])
+    (out / "table.md").write_text(table + "\n")
+    log.info("table: wrote %s", out)
+    return table, out
+
+
+def _values(configs: dict[Any, dict[str, Any]], labels: dict[Any, str], key: str) -> str:
+    return "; ".join(f"{labels.get(d, d)}: {c.get(key)!r}" for d, c in configs.items())
+
+
+def _differs(configs: dict[Any, dict[str, Any]], key: str) -> bool:
+    """Whether ``key`` differs among the runs whose method reads it (fedxds-*: FedXDS's runs)."""
+    from flowerbed.registry import METHODS
+
+    owner = key.split("-", 1)[0] if key.split("-", 1)[0] in METHODS else None
+    return len({json.dumps(c[key]) for c in configs.values()
+                if key in c and owner in (None, c.get("method"))}) > 1
+
+
+def _shared(configs: dict[Path, dict[str, Any]]) -> dict[str, Any]:
+    """The settings every run shares, for the table's header (rounds None where they differ)."""
+    first = {k: next((c[k] for c in configs.values() if k in c), None) for k in SPLIT_KEYS}
+    return {**first, "num-server-rounds": None if _differs(configs, "num-server-rounds")
+            else next(iter(configs.values())).get("num-server-rounds")}
+
+
+def _differences(configs: dict[Any, dict[str, Any]], labels: dict[Any, str],
+                 runs: dict[Any, dict[str, Any]] | None = None) -> list[str]:
+    """The lines under a table naming the other settings that differ between ``configs`` (rows)
+    and the software that differs between ``runs`` (default: the same)."""
+    from flowerbed.config import defaults
+
+    lines = []
+    if differ := sorted(k for k in set(defaults()) - BOOKKEEPING if _differs(configs, k)):
+        shown = [f"{k} ({_values(configs, labels, k)})" for k in differ[:8]]
+        lines += ["", "Settings that differ between the runs: " + "; ".join(shown)
+                  + (f"; and {len(differ) - 8} more" if len(differ) > 8 else "") + "."]
+    runs = configs if runs is None else runs
+    software = {labels.get(d, d): f"torch {sw.get('torch')}, flwr {sw.get('flwr')}"
+                for d, c in runs.items() if isinstance(sw := c.get("software"), dict)}
+    if len(set(software.values())) > 1:  # e.g. runs from two machines: say so beside the figures
+        lines += ["", "The runs ran on different software: "
+                  + "; ".join(f"{k}: {v}" for k, v in software.items()) + "."]
+    return lines
+
+
+def _table_over_seeds(runs: list[Path], configs: dict[Path, dict[str, Any]],
+                      out: Path | None) -> tuple[str, Path]:
+    """:func:`table_of_runs` for runs that differ in their seed: the runs of one method and
+    settings are one row, mean ± std over its seeds, as ``compare --seeds`` writes it."""
+    from flowerbed.config import ConfigError, defaults
+
+    keys = sorted(set(defaults()) - (BOOKKEEPING - {"method"}) - {"seed"})
+    groups: dict[str, list[Path]] = {}
+    for d in runs:
+        groups.setdefault(json.dumps({k: configs[d].get(k) for k in keys}, sort_keys=True), []).append(d)
+    first = {g: configs[ds[0]] for g, ds in groups.items()}
+    names = {g: str(c.get("method")) for g, c in first.items()}
+    for g, c in first.items():  # methods run with several settings: method@key=value
+        same = [o for o in first if names[o] == str(c.get("method"))]
+        varied = [k for k in keys if k != "method" and len({json.dumps(first[o].get(k)) for o in same}) > 1]
+        names[g] += "".join(f"@{k}={engine.toml_value(c.get(k))}" for k in varied)
+    seeds_of = {names[g]: sorted(int(configs[d]["seed"]) for d in ds) for g, ds in groups.items()}
+    for name, ss in seeds_of.items():
+        if len(set(ss)) < len(ss):
+            raise ConfigError("RUN_DIR", name, f"holds two runs of one seed ({', '.join(map(str, ss))})"
+                              ": give one run per method and seed")
+    if len({tuple(ss) for ss in seeds_of.values()}) > 1:
+        raise ConfigError("RUN_DIR", "; ".join(seeds_of), "the runs differ in their seed, but not "
+                          "every method ran on the same seeds (" + "; ".join(
+                              f"{m}: {', '.join(map(str, ss))}" for m, ss in seeds_of.items())
+                          + "); a table over seeds compares methods on the same partitions and seeds")
+    seeds = next(iter(seeds_of.values()))
+    per_seed: dict[int, dict[str, Any]] = {s: {} for s in seeds}
+    curves, where = {}, {}
+    for g, ds in groups.items():
+        runs_ok = []
+        for d in sorted(ds, key=lambda d: int(configs[d]["seed"])):
+            s = int(configs[d]["seed"])
+            per_seed[s][names[g]] = summary = _summary(d)
+            where[f"{names[g]} (seed {s})"] = d
+            if "error" not in summary:
+                try:
+                    runs_ok.append(read_metrics(d))
+                except (OSError, ValueError) as e:
+                    per_seed[s][names[g]] = {"error": f"unreadable metrics.jsonl ({e})", "run-dir": str(d)}
+        curves[names[g]] = mean_curve(runs_ok)
+    summary = {names[g]: seed_stats({s: per_seed[s][names[g]] for s in seeds}) for g in groups}
+    shared = _shared(configs)
+    n = int(shared.get("num-partitions") or 0)
+    labels = {d: f"{names[g]} (seed {configs[d]['seed']})" for g, ds in groups.items() for d in ds}
+    table = "\n".join([seeds_table(summary, shared, n, seeds),
+                       *_differences({names[g]: c for g, c in first.items()}, {}, {
+                           labels[d]: c for d, c in configs.items()}),
+                       "", "Runs: " + "; ".join(f"{k}: {d}" for k, d in where.items()) + "."])
+    out = out or new_folder(Path("runs"), "table")  # made once the runs are accepted
+    out.mkdir(parents=True, exist_ok=True)
+    keep_earlier_tables(out, False, list(summary), command="table")
+    (out / "results.json").write_text(json.dumps(
+        {"seeds": seeds, "summary": summary, "per-seed": per_seed}, indent=2))
+    plot_comparison({m: c for m, c in curves.items() if c}, out,
+                    _title(shared, n).rsplit(",", 1)[0] + f", mean of seeds {seeds}",
+                    [m for m, c in curves.items() if not c])
     (out / "table.md").write_text(table + "\n")
     log.info("table: wrote %s", out)
     return table, out

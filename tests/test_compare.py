@@ -3,6 +3,7 @@
 
 import contextlib
 import json
+import shutil
 
 import pytest
 
@@ -786,12 +787,27 @@ def test_table_of_runs_made_separately(tmp_path, capsys, caplog):
     summary = json.loads((tmp_path / "fedavg" / "summary.json").read_text())
     assert res["fedavg"]["final-accuracy"] == summary["final-accuracy"]
     assert (out / "accuracy.png").stat().st_size > 1000 and (out / "client-accuracy.png").exists()
-    # another seed is other partitions: refused, naming the key, and nothing written
+    # runs that differ in their seed alone: a table over seeds, as `compare --seeds` writes it
+    seeds_out = tmp_path / "over-seeds"
     assert cli.main(["table", str(tmp_path / "fedavg"), str(tmp_path / "other-seed"),
-                     "--out", str(tmp_path / "refused")]) == 2
-    assert ("'RUN_DIR' = 'fedavg; other-seed (fedavg)' is invalid: the runs were not on the same data: "
-            "their seed differs (fedavg: 0; other-seed (fedavg): 1)") in capsys.readouterr().err
+                     "--out", str(seeds_out)]) == 0
+    res = json.loads((seeds_out / "results.json").read_text())
+    finals = [json.loads((tmp_path / r / "summary.json").read_text())["final-accuracy"]
+              for r in ("fedavg", "other-seed")]
+    assert res["seeds"] == [0, 1]
+    assert res["summary"]["fedavg"]["final-accuracy-mean"] == pytest.approx(sum(finals) / 2)
+    assert "| fedavg | " in (seeds_out / "table.md").read_text() and (seeds_out / "accuracy.png").exists()
+    capsys.readouterr()
+    # ... but every method on the same seeds, one run each; refused with nothing written
+    shutil.copytree(tmp_path / "fedavg", tmp_path / "again")
+    for runs, message in [(["fedavg", "prox-run", "other-seed"], "not every method ran on the same "
+                           "seeds (fedavg: 0, 1; fedprox: 0)"),
+                          (["fedavg", "again", "other-seed"], "holds two runs of one seed (0, 0, 1)")]:
+        assert cli.main(["table", *(str(tmp_path / r) for r in runs), "--out",
+                         str(tmp_path / "refused")]) == 2
+        assert message in capsys.readouterr().err
     assert not (tmp_path / "refused").exists()
+    shutil.rmtree(tmp_path / "again")
     # a folder of runs stands for the runs in it; a run that did not finish is a failed row
     (tmp_path / "other-seed" / "config.json").unlink()  # (not a run any more)
     (tmp_path / "link").symlink_to(tmp_path / "fedavg")  # a run linked twice is one row
@@ -806,8 +822,6 @@ def test_table_of_runs_made_separately(tmp_path, capsys, caplog):
     # from a review: runs whose folders share a name (two comparisons' seed-0/fedavg) keep a
     # row each; a folder name with '@' is a label, not a variant; different round counts are
     # not stated as one; --out inside a run is refused (it would replace the run's plot)
-    import shutil
-
     for parent in ("a/seed-0", "b/seed-0"):
         shutil.copytree(tmp_path / "fedavg", tmp_path / "two" / parent / "fedavg")
     shutil.copytree(tmp_path / "fedavg", tmp_path / "two" / "fedavg@home")
