@@ -524,14 +524,14 @@ def run_folders(paths: list[Path]) -> list[Path]:
         p = p.expanduser().resolve()
         if not p.is_dir():
             raise ConfigError("RUN_DIR", str(p), "not a folder")
-        inner = [p] if (p / "config.json").is_file() else sorted({  # a linked run once
-            d.resolve() for d in p.iterdir() if d.is_dir() and (d / "config.json").is_file()})
+        # a run; else the runs directly under it; else a `compare --seeds` folder's seed-<s>/ runs
+        folders = [p] if (p / "config.json").is_file() else [
+            *p.iterdir(), *(d for s in sorted(p.glob("seed-*/")) for d in s.iterdir())]
+        inner = sorted({d.resolve() for d in folders  # a linked run once
+                        if d.is_dir() and (d / "config.json").is_file()})
         if not inner:
-            seeds = sorted(d.name for d in p.glob("seed-*") if d.is_dir())
-            raise ConfigError("RUN_DIR", str(p), "holds no run (no config.json in it or in a "
-                              "folder directly under it)" + (
-                                  f"; a comparison over seeds: give one of its {', '.join(seeds)} "
-                                  "folders" if seeds else ""))
+            raise ConfigError("RUN_DIR", str(p), "holds no run (no config.json in it, in a "
+                              "folder directly under it, or in its seed-<s>/ folders)")
         found += [d for d in inner if d not in found]
     return found
 

@@ -797,6 +797,10 @@ def test_table_of_runs_made_separately(tmp_path, capsys, caplog):
     assert res["seeds"] == [0, 1]
     assert res["summary"]["fedavg"]["final-accuracy-mean"] == pytest.approx(sum(finals) / 2)
     assert "| fedavg | " in (seeds_out / "table.md").read_text() and (seeds_out / "accuracy.png").exists()
+    for seed, run in ((0, "fedavg"), (1, "other-seed")):  # and a `compare --seeds` folder
+        shutil.copytree(tmp_path / run, tmp_path / "seed-cmp" / f"seed-{seed}" / "fedavg")
+    table, _ = cmp.table_of_runs([tmp_path / "seed-cmp"], tmp_path / "seed-cmp-table")
+    assert json.loads((tmp_path / "seed-cmp-table" / "results.json").read_text())["seeds"] == [0, 1]
     capsys.readouterr()
     # ... but every method on the same seeds, one run each; refused with nothing written
     shutil.copytree(tmp_path / "fedavg", tmp_path / "again")
@@ -841,7 +845,8 @@ def test_table_of_runs_made_separately(tmp_path, capsys, caplog):
     assert "inside one" in capsys.readouterr().err
     (tmp_path / "seeds" / "seed-0").mkdir(parents=True)
     assert cli.main(["table", str(tmp_path / "seeds")]) == 2
-    assert "give one of its seed-0 folders" in capsys.readouterr().err
+    assert "holds no run (no config.json in it, in a folder directly under it, or in its " \
+           "seed-<s>/ folders)" in capsys.readouterr().err
 
 
 def test_ctrl_c_in_a_comparison_leaves_the_table_of_the_runs_that_ended(tmp_path, monkeypatch, caplog):
