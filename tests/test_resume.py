@@ -347,6 +347,12 @@ def test_a_run_in_which_every_client_always_failed_is_not_a_result(tmp_path):
         run_inprocess(rc, 2)
     assert not (tmp_path / "allfail" / "summary.json").exists()
     assert len(read_metrics(tmp_path / "allfail")) == 3  # the rounds' metrics are kept
+    # some replied, but never min-clients of them: said so, not "every client failed"
+    rc = config(tmp_path, "fedavg", "few", **{"fault-fraction": 0.5, "fault-kind": "raise",
+                                              "min-clients": 3, "num-server-rounds": 1})
+    with pytest.raises(server_app.NothingAggregated, match=r"no round had min-clients=3 valid "
+                                                          r"replies \(at most [12]\)"):
+        run_inprocess(rc, 3)
 
 
 @pytest.mark.parametrize("key, value, match", [

@@ -204,11 +204,14 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         rows = run_dir.rows
         aggregated = sum(1 for r in rows if r["round"] > 0 and not r.get("skipped"))
         diverged = sum(1 for r in rows[1:] if r.get("diverged"))  # aggregates refused (NaN or inf)
-        if aggregated == 0:  # every client failed every round: the "result" is the initial model
+        if aggregated == 0:  # too few clients replied every round: the "result" is the initial model
+            most = max((r.get("clients-ok") or 0 for r in rows if r["round"] > 0), default=0)
             why = (f"the aggregate held NaN or inf in {diverged} of {cfg.num_server_rounds} rounds: the "
                    "run diverged (a step size too large?), see 'diverged' and 'failures'" if diverged else
                    f"every client failed in all {cfg.num_server_rounds} rounds; the reasons are under "
-                   "'failures'")
+                   "'failures'" if not most else
+                   f"no round had min-clients={cfg.min_clients} valid replies (at most {most}); the "
+                   "other clients' reasons are under 'failures'")
             raise NothingAggregated(f"no round aggregated a client reply ({why} in {run_dir.metrics_path}); "
                                     "no summary is written, the rounds' metrics and checkpoint are kept")
         if aggregated < cfg.num_server_rounds:
