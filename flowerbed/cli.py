@@ -90,8 +90,10 @@ def int_in(low: int, high: int | None = None, what: str = "") -> Callable[[str],
 port = int_in(1, 65535, "a port (1-65535)")
 
 
-def preflight(overrides: dict[str, Any], num_clients: int, gpus: float) -> Config:
-    """Validate keys, values and the split here, before any process starts."""
+def preflight(overrides: dict[str, Any], num_clients: int, gpus: float, warn: bool = True) -> Config:
+    """Validate keys, values and the split here, before any process starts. ``warn=False``:
+    the method's setup warnings are left to the ServerApp, whose output the caller streams to
+    the console (`run`, `deploy run`; a comparison's goes to its runs' logs)."""
     import torch
 
     from flowerbed.datasets.federated import client_partitions
@@ -111,11 +113,12 @@ def preflight(overrides: dict[str, Any], num_clients: int, gpus: float) -> Confi
         raise ConfigError("--num-clients", num_clients, f"must be >= min-clients ({cfg.min_clients})")
     with clients_are_partitions(num_clients):
         client_partitions(cfg, num_clients)
-    logging.disable(logging.WARNING)  # its warnings: the ServerApp's stream repeats them
+    before = logging.root.manager.disable
+    logging.disable(max(before, logging.WARNING if not warn else logging.NOTSET))
     try:
         METHODS[cfg.method].strategy(cfg).check_setup(num_clients)  # what the ServerApp checks first
     finally:
-        logging.disable(logging.NOTSET)
+        logging.disable(before)
     if cfg.client_state_dir:  # the clients run here: they file their state there
         writable_folder("client-state-dir", cfg.client_state_dir)
     return cfg
@@ -173,7 +176,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                               f"{n} clients (partitions); a resumed run keeps them")
         args.num_clients = n or args.num_clients
     args.num_clients = 10 if args.num_clients is None else args.num_clients
-    cfg = preflight(overrides, args.num_clients, args.gpus_per_client)
+    cfg = preflight(overrides, args.num_clients, args.gpus_per_client, warn=False)
     fed = engine.federation_config(args.num_clients, args.cpus_per_client, args.gpus_per_client)
     with place_run(overrides, cfg), engine.local_superlink() as (home, conn):  # last: the folder
         summary = engine.flwr_run(home, conn, overrides, fed)
@@ -387,11 +390,11 @@ def cmd_deploy(args: argparse.Namespace) -> int:
               f"(register it: flwr supernode register {pub} <connection>)")
     elif args.action == "export-data":
         cfg = Config.from_run_config(_with_shortcuts(_overrides(args), args))
-        from flowerbed.datasets.federated import export_partitions
+        from flowerbed.datasets.federated import export_partitions, exported_folders
 
         n = 2 if args.num_clients is None else args.num_clients
         out = Path(args.out or "client-data")
-        if (earlier := sorted(p.name for p in out.glob("client-*/"))) and not args.force:
+        if (earlier := [p.name for p in exported_folders(out)]) and not args.force:
             raise ConfigError("--out", str(out), f"holds an earlier export ({', '.join(earlier[:3])}"
                               f"{', ...' if len(earlier) > 3 else ''}); give another --out, or "
                               "--force to replace it")
@@ -440,7 +443,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         # as `run` does, before anything starts: the split is checked unless the SuperNodes
         # read their own data folders (then each one's data is what it holds)
         try:
-            cfg = Config.from_run_config(overrides) if dep.own_data else preflight(overrides, n, 0.0)
+            cfg = (Config.from_run_config(overrides) if dep.own_data
+                   else preflight(overrides, n, 0.0, warn=False))
         except ConfigError as e:
             if e.key != "--num-clients":
                 raise

@@ -524,9 +524,11 @@ def run_folders(paths: list[Path]) -> list[Path]:
         p = p.expanduser().resolve()
         if not p.is_dir():
             raise ConfigError("RUN_DIR", str(p), "not a folder")
-        # a run; else the runs directly under it; else a `compare --seeds` folder's seed-<s>/ runs
-        folders = [p] if (p / "config.json").is_file() else [
+        # a run; else the runs directly under it; else a `compare --seeds` folder's seed-<s>/
+        # runs; not the earlier runs a comparison set aside (<label>.old-<time>)
+        folders = [p] if (p / "config.json").is_file() else [d for d in [
             *p.iterdir(), *(d for s in sorted(p.glob("seed-*/")) for d in s.iterdir())]
+            if ".old-" not in d.name]
         inner = sorted({d.resolve() for d in folders  # a linked run once
                         if d.is_dir() and (d / "config.json").is_file()})
         if not inner:
@@ -586,7 +588,7 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
     labels = run_labels(runs, configs)
     over_seeds = _differs(configs, "seed") and not any(
         _differs(configs, k) for k in SPLIT_KEYS if k != "seed")
-    for key in SPLIT_KEYS:
+    for key in sorted(SPLIT_KEYS, key=lambda k: k == "seed"):  # a key besides the seed first
         if _differs(configs, key) and not over_seeds:
             raise ConfigError("RUN_DIR", "; ".join(labels.values()), f"the runs were not on the "
                               f"same data: their {key} differs ({_values(configs, labels, key)}); a "
@@ -620,13 +622,21 @@ def _values(configs: dict[Any, dict[str, Any]], labels: dict[Any, str], key: str
     return "; ".join(f"{labels.get(d, d)}: {c.get(key)!r}" for d, c in configs.items())
 
 
-def _differs(configs: dict[Any, dict[str, Any]], key: str) -> bool:
-    """Whether ``key`` differs among the runs whose method reads it (fedxds-*: FedXDS's runs)."""
-    from flowerbed.registry import METHODS
+#: run-config key prefixes that name the one method reading those keys (fedxds-lambda: FedXDS's);
+#: other keys (local-epochs, lr, ...) are every method's
+KEY_OWNERS = ("fedx", "fedxds", "fedcc", "fedade", "fedfew", "fedu", "fedrep", "scaffold")
 
-    owner = key.split("-", 1)[0] if key.split("-", 1)[0] in METHODS else None
+
+def reads(method: Any, key: str) -> bool:
+    """Whether a run of ``method`` reads run-config ``key``."""
+    owner = key.split("-", 1)[0]
+    return owner not in KEY_OWNERS or owner == method
+
+
+def _differs(configs: dict[Any, dict[str, Any]], key: str) -> bool:
+    """Whether ``key`` differs among the runs that have it and whose method reads it."""
     return len({json.dumps(c[key]) for c in configs.values()
-                if key in c and owner in (None, c.get("method"))}) > 1
+                if key in c and reads(c.get("method"), key)}) > 1
 
 
 def _shared(configs: dict[Path, dict[str, Any]]) -> dict[str, Any]:
@@ -662,21 +672,29 @@ def _table_over_seeds(runs: list[Path], configs: dict[Path, dict[str, Any]],
     settings are one row, mean ± std over its seeds, as ``compare --seeds`` writes it."""
     from flowerbed.config import ConfigError, defaults
 
-    keys = sorted(set(defaults()) - (BOOKKEEPING - {"method"}) - {"seed"})
+    for d, c in configs.items():
+        if not isinstance(c.get("seed"), int):
+            raise ConfigError("RUN_DIR", str(d), f"its config.json has no integer seed ({c.get('seed')!r})")
+    # a run's row: its method and the settings it reads (a key some config lacks, written by
+    # older code, is not compared)
+    keys = sorted(set(defaults()).intersection(*configs.values()) - BOOKKEEPING - {"seed"})
     groups: dict[str, list[Path]] = {}
-    for d in runs:
-        groups.setdefault(json.dumps({k: configs[d].get(k) for k in keys}, sort_keys=True), []).append(d)
+    for d, c in configs.items():
+        row = {"method": c.get("method"), **{k: c[k] for k in keys if reads(c.get("method"), k)}}
+        groups.setdefault(json.dumps(row, sort_keys=True), []).append(d)
     first = {g: configs[ds[0]] for g, ds in groups.items()}
-    names = {g: str(c.get("method")) for g, c in first.items()}
+    names = {}
     for g, c in first.items():  # methods run with several settings: method@key=value
-        same = [o for o in first if names[o] == str(c.get("method"))]
-        varied = [k for k in keys if k != "method" and len({json.dumps(first[o].get(k)) for o in same}) > 1]
-        names[g] += "".join(f"@{k}={engine.toml_value(c.get(k))}" for k in varied)
-    seeds_of = {names[g]: sorted(int(configs[d]["seed"]) for d in ds) for g, ds in groups.items()}
-    for name, ss in seeds_of.items():
-        if len(set(ss)) < len(ss):
-            raise ConfigError("RUN_DIR", name, f"holds two runs of one seed ({', '.join(map(str, ss))})"
-                              ": give one run per method and seed")
+        same = [o for o in first if first[o].get("method") == c.get("method")]
+        varied = [k for k in keys if reads(c.get("method"), k)
+                  and len({json.dumps(first[o].get(k)) for o in same}) > 1]
+        names[g] = str(c.get("method")) + "".join(f"@{k}={engine.toml_value(c.get(k))}" for k in varied)
+    seeds_of = {names[g]: sorted(configs[d]["seed"] for d in ds) for g, ds in groups.items()}
+    for g, ds in groups.items():
+        if len({configs[d]["seed"] for d in ds}) < len(ds):
+            raise ConfigError("RUN_DIR", names[g], "holds two runs of one seed: give one run per "
+                              "method and seed (" + "; ".join(
+                                  f"seed {configs[d]['seed']}: {d}" for d in ds) + ")")
     if len({tuple(ss) for ss in seeds_of.values()}) > 1:
         raise ConfigError("RUN_DIR", "; ".join(seeds_of), "the runs differ in their seed, but not "
                           "every method ran on the same seeds (" + "; ".join(
@@ -687,8 +705,8 @@ def _table_over_seeds(runs: list[Path], configs: dict[Path, dict[str, Any]],
     curves, where = {}, {}
     for g, ds in groups.items():
         runs_ok = []
-        for d in sorted(ds, key=lambda d: int(configs[d]["seed"])):
-            s = int(configs[d]["seed"])
+        for d in sorted(ds, key=lambda d: configs[d]["seed"]):
+            s = configs[d]["seed"]
             per_seed[s][names[g]] = summary = _summary(d)
             where[f"{names[g]} (seed {s})"] = d
             if "error" not in summary:

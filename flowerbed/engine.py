@@ -425,8 +425,11 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
                         out.flush()
                     if echo and PROGRESS in line:  # "<run-name> [round r/n] acc ..."
                         at = line.index(PROGRESS) + len(PROGRESS) - len("[round ")
-                        echo.write(f"{run_config['run-name']} {line[at:]}")
-                        echo.flush()
+                        try:
+                            echo.write(f"{run_config['run-name']} {line[at:]}")
+                            echo.flush()
+                        except OSError:  # a closed console (| head): the run goes on, logged
+                            echo = None
             except BaseException:  # Ctrl-C or a broken terminal: leave neither flwr nor the run
                 proc.terminate()
                 try:  # Popen's exit waits without a limit for anything but a KeyboardInterrupt

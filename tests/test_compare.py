@@ -4,6 +4,7 @@
 import contextlib
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -47,7 +48,7 @@ def test_run_and_deploy_take_the_compare_shortcuts(tmp_path, monkeypatch, capsys
     preset and -c, and extend a resumed run."""
     seen = []
 
-    def stop(overrides, *a):
+    def stop(overrides, *a, **k):
         seen.append(overrides)
         raise ConfigError("stop", 0, "here")
 
@@ -734,7 +735,7 @@ def test_review_of_the_session_s_own_fixes(tmp_path, capsys, monkeypatch):
     saved = Config.from_run_config({"partition": "dirichlet:1", "num-server-rounds": 2})
     (run / "config.json").write_text(json.dumps({**saved.to_run_config(), "num-partitions": 2}))
     with pytest.raises(Exception) as e:  # past the up-front check: the engine itself, faked
-        monkeypatch.setattr(cli, "preflight", lambda *a: (_ for _ in ()).throw(RuntimeError("ok")))
+        monkeypatch.setattr(cli, "preflight", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("ok")))
         cli.main(["run", "--resume", str(run), "-c", "partition='dirichlet:1'"])
     assert str(e.value) == "ok", capsys.readouterr().err
 
@@ -806,7 +807,7 @@ def test_table_of_runs_made_separately(tmp_path, capsys, caplog):
     shutil.copytree(tmp_path / "fedavg", tmp_path / "again")
     for runs, message in [(["fedavg", "prox-run", "other-seed"], "not every method ran on the same "
                            "seeds (fedavg: 0, 1; fedprox: 0)"),
-                          (["fedavg", "again", "other-seed"], "holds two runs of one seed (0, 0, 1)")]:
+                          (["fedavg", "again", "other-seed"], "holds two runs of one seed: give one")]:
         assert cli.main(["table", *(str(tmp_path / r) for r in runs), "--out",
                          str(tmp_path / "refused")]) == 2
         assert message in capsys.readouterr().err
@@ -878,3 +879,89 @@ def test_flowerbed_methods_lists_every_method(capsys):
     from flowerbed.registry import METHODS
 
     assert all(f"{m} " in out and METHODS[m].summary in out for m in METHODS)
+
+
+def fake_run(root: Path, name: str, drop: tuple[str, ...] = (), clients: int = 3, **rc) -> Path:
+    """A finished run's folder as the ServerApp leaves it (config, summary, metrics), for the
+    table's own logic; `drop`: keys an older config lacks."""
+    d = root / name
+    d.mkdir(parents=True)
+    cfg = {**Config.from_run_config(rc).to_run_config(), "num-partitions": clients,
+           "run-name": name, "output-dir": str(root)}
+    (d / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k not in drop}))
+    acc = 0.5 + 0.01 * rc.get("seed", 0)
+    rows = [{"round": r, "accuracy": acc} for r in range(3)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (d / "summary.json").write_text(json.dumps({"final-accuracy": acc, "best-accuracy": acc, "rounds": 2,
+                                                "initial-accuracy": 0.1, "rounds-aggregated": 2}))
+    return d
+
+
+def test_table_over_seeds_groups_by_what_each_method_reads(tmp_path, capsys):
+    """Found by a review of the seeds table: local-epochs/local-test-fraction were taken for the
+    `local` method's keys (runs on other local test splits were tabled together); a key a
+    method never reads, or one an older config lacks, split a method into rows; the second
+    setting of a method was labelled as the plain method; a comparison's set-aside runs
+    counted as runs; a seed plus another split key was refused naming the seed; a config
+    without a seed was a traceback."""
+    def table(*runs: Path) -> str:
+        return cmp.table_of_runs(list(runs), tmp_path / f"t{len(list(tmp_path.glob('t*')))}")[0]
+
+    a = fake_run(tmp_path, "a", method="fedavg")
+    b = fake_run(tmp_path, "b", method="fedavg", **{"local-test-fraction": 0.3, "local-epochs": 3})
+    with pytest.raises(ConfigError, match="their local-test-fraction differs"):
+        table(a, b)
+    runs = [fake_run(tmp_path, "avg0", method="fedavg", seed=0),
+            fake_run(tmp_path, "avg1", method="fedavg", seed=1, drop=("fedxds-sparsity",),
+                     **{"fedxds-lambda": 1.0}),
+            fake_run(tmp_path, "prox0", method="fedprox", seed=0),
+            fake_run(tmp_path, "prox1", method="fedprox", seed=1)]
+    rows = [r.split(" | ")[0] for r in table(*runs).splitlines() if r.startswith("| ")][1:]
+    assert rows == ["| fedavg", "| fedprox"]
+    lr = [fake_run(tmp_path, f"lr{v}-{s}", method="fedavg", seed=s, lr=v)
+          for v in (0.01, 0.05) for s in (0, 1)]
+    rows = [r.split(" | ")[0] for r in table(*lr).splitlines() if r.startswith("| ")][1:]
+    assert rows == ["| fedavg@lr=0.01", "| fedavg@lr=0.05"]
+    cmp_dir = tmp_path / "cmp"
+    for s in (0, 1):
+        shutil.copytree(runs[s], cmp_dir / f"seed-{s}" / "fedavg")
+    shutil.copytree(runs[0], cmp_dir / "seed-0" / "fedavg.old-20261205-101010")  # set aside by a rerun
+    assert "| fedavg | " in table(cmp_dir)
+    with pytest.raises(ConfigError, match=r"holds two runs of one seed: .*seed 0: .*/avg0; seed 0: .*/again"):
+        table(runs[0], shutil.copytree(runs[0], tmp_path / "again"), runs[1])
+    other = fake_run(tmp_path, "five", method="fedavg", seed=1, clients=5)
+    with pytest.raises(ConfigError, match="their num-partitions differs"):
+        table(runs[0], other)
+    cfg = json.loads((runs[3] / "config.json").read_text())
+    (runs[3] / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "seed"}))
+    with pytest.raises(ConfigError, match="its config.json has no integer seed"):
+        table(*runs)
+
+
+def test_a_closed_console_does_not_stop_a_logged_run(tmp_path, monkeypatch):
+    """Found by a review: `flowerbed compare ... | head -3` stopped the run once head exited:
+    the progress echo's BrokenPipeError went through flwr_run's Ctrl-C path."""
+    import io
+    import subprocess
+    import sys
+
+    summary_file = tmp_path / "p" / "summary.json"
+    code = ("import json, pathlib\n"
+            "for r in range(3): print('INFO flowerbed: [round %d/2] acc 0.5' % r)\n"
+            f"pathlib.Path({str(summary_file)!r}).write_text(json.dumps({{'rounds': 2}}))")
+
+    class Run(subprocess.Popen):  # a ServerApp's three progress lines, then its summary
+        def __init__(self, cmd, **kw):
+            super().__init__([sys.executable, "-c", code], stdout=kw["stdout"], stderr=kw["stderr"],
+                             text=True)
+
+    class Closed(io.TextIOBase):
+        def write(self, s):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    (tmp_path / "p").mkdir()
+    monkeypatch.setattr(cmp.engine.subprocess, "Popen", Run)
+    monkeypatch.setattr(sys, "stdout", Closed())
+    summary = cmp.engine.flwr_run(tmp_path, "c", {"output-dir": str(tmp_path), "run-name": "p"}, None,
+                                  log_file=tmp_path / "p.log")
+    assert summary == {"rounds": 2} and "[round 2/2]" in (tmp_path / "p.log").read_text()

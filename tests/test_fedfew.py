@@ -416,11 +416,21 @@ def test_more_models_than_clients_is_warned(strategy, caplog):
     cfg = Config.from_run_config({"method": "fedfew", "num-models": 5, "local-test-fraction": 0.25})
     strategy(cfg).check_setup(3)
     assert "num-models=5 is more than the 3 clients: at least 2 models can serve no client" in caplog.text
-    if strategy is FedFewStrategy:  # not printed twice under the launchers (the ServerApp's stream)
-        from flowerbed import cli
+    if strategy is FedFewStrategy:  # said once under the launchers: by the up-front check
+        from flowerbed import cli  # where the ServerApp's stream goes to a log (compare)
 
+        rc = {**cfg.to_run_config(), "train-samples": 600}
         caplog.clear()
-        cli.preflight({**cfg.to_run_config(), "train-samples": 600}, 3, 0.0)
+        cli.preflight(rc, 3, 0.0)
+        assert "num-models=5 is more than" in caplog.text
+        caplog.clear()
+        cli.preflight(rc, 3, 0.0, warn=False)  # by the ServerApp where it reaches the console (run)
         assert "num-models" not in caplog.text
         logging.getLogger("flowerbed").warning("still on")
         assert "still on" in caplog.text
+        logging.disable(logging.INFO)  # a caller's own setting survives the check
+        try:
+            cli.preflight(rc, 3, 0.0, warn=False)
+            assert logging.root.manager.disable == logging.INFO
+        finally:
+            logging.disable(logging.NOTSET)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -115,7 +116,7 @@ def export_partitions(cfg: Config, num_partitions: int, out: Path, replace: bool
     With ``replace``, an earlier export's ``client-*`` folders are removed first (once the split
     is known to work), so none of a larger earlier export is left beside it."""
     parts = client_partitions(cfg, num_partitions)  # validates the split first
-    for old in Path(out).glob("client-*/") if replace else []:
+    for old in exported_folders(Path(out)) if replace else []:
         shutil.rmtree(old)
     folders = []
     for i in range(num_partitions):
@@ -133,6 +134,12 @@ def export_partitions(cfg: Config, num_partitions: int, out: Path, replace: bool
             "num-train": len(tr), "num-test": len(te), "num-assigned": len(parts[i])}, indent=1))
         folders.append(folder)
     return folders
+
+
+def exported_folders(out: Path) -> list[Path]:
+    """An earlier export's folders in ``out``: ``client-<i>/`` holding a ``partition.json``."""
+    return sorted((p for p in out.glob("client-*/") if re.fullmatch(r"client-\d+", p.name)
+                   and (p / "partition.json").is_file()), key=lambda p: int(p.name[7:]))
 
 
 def read_partition_dir(cfg: Config, folder: Path, partition_id: int,
