@@ -390,14 +390,14 @@ def cmd_deploy(args: argparse.Namespace) -> int:
               f"(register it: flwr supernode register {pub} <connection>)")
     elif args.action == "export-data":
         cfg = Config.from_run_config(_with_shortcuts(_overrides(args), args))
-        from flowerbed.datasets.federated import export_partitions, exported_folders
+        from flowerbed.datasets.federated import client_folders, export_partitions
 
         n = 2 if args.num_clients is None else args.num_clients
         out = Path(args.out or "client-data")
-        if (earlier := [p.name for p in exported_folders(out)]) and not args.force:
-            raise ConfigError("--out", str(out), f"holds an earlier export ({', '.join(earlier[:3])}"
+        if (earlier := [p.name for p in client_folders(out)]) and not args.force:
+            raise ConfigError("--out", str(out), f"holds client data folders ({', '.join(earlier[:3])}"
                               f"{', ...' if len(earlier) > 3 else ''}); give another --out, or "
-                              "--force to replace it")
+                              "--force to replace them")
         with clients_are_partitions(n):
             written = export_partitions(cfg, n, out, replace=args.force)
         for f in written:

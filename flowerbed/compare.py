@@ -573,7 +573,7 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
     are a table over seeds, as ``compare --seeds`` writes it (every method on the same seeds).
     A run without ``summary.json`` did not finish: its row says failed. Returns the markdown
     table and the folder written."""
-    from flowerbed.config import ConfigError
+    from flowerbed.config import ConfigError, defaults
 
     runs = run_folders(paths)
     if out is not None and any(out.resolve() == d or d in out.resolve().parents for d in runs):
@@ -582,7 +582,7 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
     configs: dict[Path, dict[str, Any]] = {}
     for d in runs:
         try:
-            configs[d] = dict(json.loads((d / "config.json").read_text()))
+            configs[d] = {"method": defaults()["method"], **json.loads((d / "config.json").read_text())}
         except (OSError, ValueError, TypeError) as e:
             raise ConfigError("RUN_DIR", str(d), f"its config.json is unreadable ({e})") from None
     labels = run_labels(runs, configs)
@@ -619,7 +619,8 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
 
 
 def _values(configs: dict[Any, dict[str, Any]], labels: dict[Any, str], key: str) -> str:
-    return "; ".join(f"{labels.get(d, d)}: {c.get(key)!r}" for d, c in configs.items())
+    return "; ".join(f"{labels.get(d, d)}: {c.get(key)!r}" for d, c in configs.items()
+                     if reads(c.get("method"), key))
 
 
 #: run-config key prefixes that name the one method reading those keys (fedxds-lambda: FedXDS's);
@@ -637,6 +638,11 @@ def _differs(configs: dict[Any, dict[str, Any]], key: str) -> bool:
     """Whether ``key`` differs among the runs that have it and whose method reads it."""
     return len({json.dumps(c[key]) for c in configs.values()
                 if key in c and reads(c.get("method"), key)}) > 1
+
+
+def _spec_value(v: Any) -> str:
+    """A value as ``compare --methods`` variants spell it (fedx@fedx-base='byol')."""
+    return f"'{v}'" if isinstance(v, str) else engine.toml_value(v)
 
 
 def _shared(configs: dict[Path, dict[str, Any]]) -> dict[str, Any]:
@@ -673,22 +679,30 @@ def _table_over_seeds(runs: list[Path], configs: dict[Path, dict[str, Any]],
     from flowerbed.config import ConfigError, defaults
 
     for d, c in configs.items():
-        if not isinstance(c.get("seed"), int):
+        if isinstance(c.get("seed"), bool) or not isinstance(c.get("seed"), int):
             raise ConfigError("RUN_DIR", str(d), f"its config.json has no integer seed ({c.get('seed')!r})")
-    # a run's row: its method and the settings it reads (a key some config lacks, written by
-    # older code, is not compared)
-    keys = sorted(set(defaults()).intersection(*configs.values()) - BOOKKEEPING - {"seed"})
+    # a run's row: its method and the settings it reads, grouped by the keys every config holds;
+    # a key some lack (written by older code) must then agree among the runs of a row that have it
+    default = defaults()
+    keys = sorted(set(default).intersection(*configs.values()) - BOOKKEEPING - {"seed"})
     groups: dict[str, list[Path]] = {}
     for d, c in configs.items():
-        row = {"method": c.get("method"), **{k: c[k] for k in keys if reads(c.get("method"), k)}}
+        row = {"method": c["method"], **{k: c[k] for k in keys if reads(c["method"], k)}}
         groups.setdefault(json.dumps(row, sort_keys=True), []).append(d)
     first = {g: configs[ds[0]] for g, ds in groups.items()}
     names = {}
     for g, c in first.items():  # methods run with several settings: method@key=value
-        same = [o for o in first if first[o].get("method") == c.get("method")]
-        varied = [k for k in keys if reads(c.get("method"), k)
-                  and len({json.dumps(first[o].get(k)) for o in same}) > 1]
-        names[g] = str(c.get("method")) + "".join(f"@{k}={engine.toml_value(c.get(k))}" for k in varied)
+        same = [o for o in first if first[o]["method"] == c["method"]]
+        varied = [k for k in keys if reads(c["method"], k) and c[k] != default[k]
+                  and len({json.dumps(first[o][k]) for o in same}) > 1]
+        names[g] = c["method"] + "".join(f"@{k}={_spec_value(c[k])}" for k in varied)
+    for g, ds in groups.items():
+        rows = {d: configs[d] for d in ds}
+        if differ := [k for k in set(default) - set(keys) - BOOKKEEPING - {"seed"}
+                      if reads(first[g]["method"], k) and _differs(rows, k)]:
+            raise ConfigError("RUN_DIR", names[g], f"its runs differ in {differ[0]} ("
+                              + "; ".join(f"{d}: {c.get(differ[0])!r}" for d, c in rows.items())
+                              + "): a row over seeds is one setting; give runs of the same settings")
     seeds_of = {names[g]: sorted(configs[d]["seed"] for d in ds) for g, ds in groups.items()}
     for g, ds in groups.items():
         if len({configs[d]["seed"] for d in ds}) < len(ds):
@@ -720,7 +734,7 @@ def _table_over_seeds(runs: list[Path], configs: dict[Path, dict[str, Any]],
     n = int(shared.get("num-partitions") or 0)
     labels = {d: f"{names[g]} (seed {configs[d]['seed']})" for g, ds in groups.items() for d in ds}
     table = "\n".join([seeds_table(summary, shared, n, seeds),
-                       *_differences({names[g]: c for g, c in first.items()}, {}, {
+                       *_differences({names[g]: {**c, "seed": None} for g, c in first.items()}, {}, {
                            labels[d]: c for d, c in configs.items()}),
                        "", "Runs: " + "; ".join(f"{k}: {d}" for k, d in where.items()) + "."])
     out = out or new_folder(Path("runs"), "table")  # made once the runs are accepted

@@ -172,13 +172,19 @@ def test_export_data_does_not_overwrite_an_earlier_export(tmp_path, capsys):
     base = ["deploy", "export-data", "--out", str(tmp_path), "-c", "train-samples=600"]
     assert cli.main([*base, "--num-clients", "4"]) == 0
     assert cli.main([*base, "--num-clients", "2", "--seed", "1"]) == 2
-    assert "holds an earlier export (client-0, client-1, client-2, ...); give another --out, or " \
+    assert "holds client data folders (client-0, client-1, client-2, ...); give another --out, or " \
            "--force" in capsys.readouterr().err
     assert json.loads((tmp_path / "client-0" / "partition.json").read_text())["seed"] == 0
-    (tmp_path / "client-certs").mkdir()  # not an export's: neither named nor removed (review)
+    (tmp_path / "client-certs").mkdir()  # not a client's folder: neither named nor removed
     assert cli.main([*base, "--num-clients", "2", "--seed", "1", "--force"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["client-0", "client-1", "client-certs"]
     assert json.loads((tmp_path / "client-0" / "partition.json").read_text())["seed"] == 1
+    hand = tmp_path / "hand" / "client-0"  # a hand-made data folder (partition.json is optional)
+    hand.mkdir(parents=True)
+    (hand / "train-images.idx.gz").write_text("mine")
+    assert cli.main([*base[:2], "--out", str(hand.parent), *base[4:], "--num-clients", "2"]) == 2
+    assert (hand / "train-images.idx.gz").read_text() == "mine"
+    assert "holds client data folders (client-0)" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

@@ -113,10 +113,10 @@ def client_data(cfg: Config, partition_id: int, num_partitions: int,
 def export_partitions(cfg: Config, num_partitions: int, out: Path, replace: bool = False) -> list[Path]:
     """Write each client's (local train, local test) data, as the seed route computes it, into
     ``out/client-<i>/``; a SuperNode given ``data-dir=out/client-<i>`` then trains on exactly it.
-    With ``replace``, an earlier export's ``client-*`` folders are removed first (once the split
-    is known to work), so none of a larger earlier export is left beside it."""
+    With ``replace``, the ``client-<i>/`` folders already there are removed first (once the
+    split is known to work), so none of a larger earlier export is left beside it."""
     parts = client_partitions(cfg, num_partitions)  # validates the split first
-    for old in exported_folders(Path(out)) if replace else []:
+    for old in client_folders(Path(out)) if replace else []:
         shutil.rmtree(old)
     folders = []
     for i in range(num_partitions):
@@ -136,10 +136,11 @@ def export_partitions(cfg: Config, num_partitions: int, out: Path, replace: bool
     return folders
 
 
-def exported_folders(out: Path) -> list[Path]:
-    """An earlier export's folders in ``out``: ``client-<i>/`` holding a ``partition.json``."""
-    return sorted((p for p in out.glob("client-*/") if re.fullmatch(r"client-\d+", p.name)
-                   and (p / "partition.json").is_file()), key=lambda p: int(p.name[7:]))
+def client_folders(out: Path) -> list[Path]:
+    """The client data folders in ``out`` (an export's, or hand-made: ``client-<i>/``, what
+    ``deploy up --data-dirs`` reads), in client order."""
+    return sorted((p for p in out.glob("client-*/") if re.fullmatch(r"client-\d+", p.name)),
+                  key=lambda p: int(p.name[7:]))
 
 
 def read_partition_dir(cfg: Config, folder: Path, partition_id: int,
