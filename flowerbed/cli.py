@@ -179,7 +179,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = preflight(overrides, args.num_clients, args.gpus_per_client, warn=False)
     fed = engine.federation_config(args.num_clients, args.cpus_per_client, args.gpus_per_client)
     with place_run(overrides, cfg), engine.local_superlink() as (home, conn):  # last: the folder
-        summary = engine.flwr_run(home, conn, overrides, fed)
+        summary = engine.flwr_run(home, conn, overrides, fed, log_file=run_log(overrides), tee=True)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -222,6 +222,12 @@ def place_run(overrides: dict[str, Any], cfg: Config, kind: str = "") -> Iterato
                 with contextlib.suppress(OSError):
                     made.rmdir()  # only if empty
             raise
+
+
+def run_log(overrides: dict[str, Any]) -> Path:
+    """A run's whole console output, kept beside its folder (as a comparison's ``<label>.log``;
+    a resumed run appends to it)."""
+    return Path(overrides["output-dir"]) / f"{overrides['run-name']}.log"
 
 
 def check_run_dir(overrides: dict[str, Any]) -> None:
@@ -451,7 +457,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             raise ConfigError("--num-clients", n, f"{e.allowed}: the deployment in {dep.home} has {n} "
                               "SuperNodes (`deploy up --num-clients` sets them)") from None
         with place_run(overrides, cfg, "deploy"):
-            print(json.dumps(deploy.run(dep, overrides), indent=2))
+            print(json.dumps(deploy.run(dep, overrides, log_file=run_log(overrides), tee=True), indent=2))
     elif args.action == "status":
         dep = deploy.Deployment.load(home)
         for name, pid in dep.pids.items():

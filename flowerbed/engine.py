@@ -387,8 +387,11 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
 
 def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
              federation: dict[str, Any] | None, app_dir: Path = PROJECT, quiet: bool = False,
-             log_file: Path | None = None) -> dict[str, Any]:
+             log_file: Path | None = None, tee: bool = False) -> dict[str, Any]:
     """``flwr run <app> <connection> --stream``; returns the run's summary.json.
+
+    The run's output goes to ``log_file`` (appended) where given, and to the console: all of it
+    with ``tee`` or without a log file, else only the progress line per round; ``quiet``: none.
 
     ``federation``: the simulation's ``--federation-config`` (None for a deployment).
 
@@ -410,8 +413,10 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
         if sink:
             sink.write(f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n")
             sink.flush()
-        out = sink or (None if quiet else sys.stdout)
-        echo = None if quiet or not sink else sys.stdout  # a logged run's progress, one line a round
+        console = None if quiet else sys.stdout
+        out = sink or console
+        echo = console if sink and tee else None  # the console too, every line
+        progress = console if sink and not tee else None  # a logged run's progress, one line a round
         with subprocess.Popen(cmd, env=flwr_env(home), cwd=PROJECT, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
             run_id = None
@@ -423,13 +428,16 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
                     if out:
                         out.write(line)
                         out.flush()
-                    if echo and PROGRESS in line:  # "<run-name> [round r/n] acc ..."
-                        at = line.index(PROGRESS) + len(PROGRESS) - len("[round ")
-                        try:
-                            echo.write(f"{run_config['run-name']} {line[at:]}")
+                    try:  # a closed console (| head) does not stop a logged run
+                        if echo:
+                            echo.write(line)
                             echo.flush()
-                        except OSError:  # a closed console (| head): the run goes on, logged
-                            echo = None
+                        if progress and PROGRESS in line:  # "<run-name> [round r/n] acc ..."
+                            at = line.index(PROGRESS) + len(PROGRESS) - len("[round ")
+                            progress.write(f"{run_config['run-name']} {line[at:]}")
+                            progress.flush()
+                    except OSError:
+                        echo = progress = None
             except BaseException:  # Ctrl-C or a broken terminal: leave neither flwr nor the run
                 proc.terminate()
                 try:  # Popen's exit waits without a limit for anything but a KeyboardInterrupt

@@ -322,6 +322,7 @@ def test_ctrl_c_in_deploy_run_stops_the_run_on_the_superlink(deployment, tmp_pat
         raise
     assert proc.returncode == 128 + sig and "Traceback" not in rest, rest[-3000:]
     assert f"stopped run {run_id}" in rest, rest[-3000:]
+    assert f"Successfully started run {run_id}" in (tmp_path / "interrupted.log").read_text()
     res = deploy.flwr_cli(deployment, "list", "--run-id", run_id, deploy.CONNECTION,
                           "--format", "json")
     status = json.loads(res.stdout)["runs"][0]["status"]

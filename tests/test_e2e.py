@@ -227,3 +227,4 @@ def test_ctrl_c_in_flowerbed_run_stops_the_whole_simulation(tmp_path):
              if os.path.exists(f"/proc/{p}/cmdline")]
     assert not left, names
     assert not (tmp_path / "r" / "summary.json").exists()
+    assert "[round 1" in (tmp_path / "r.log").read_text()  # the console's output, kept beside the run
