@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -610,6 +611,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"flowerbed: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `... | head` closed the output; what ran is on disk and in its logs
+        with contextlib.suppress(OSError):  # no second error when Python flushes stdout at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except KeyboardInterrupt as e:  # what was running is stopped on the way out (flwr_run, up)
         print(f"flowerbed: {'terminated' if isinstance(e, Terminated) else 'interrupted'}",
               file=sys.stderr)

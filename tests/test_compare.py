@@ -982,3 +982,16 @@ def test_a_closed_console_does_not_stop_a_logged_run(tmp_path, monkeypatch):
     summary = cmp.engine.flwr_run(tmp_path, "c", {"output-dir": str(tmp_path), "run-name": "p"}, None,
                                   log_file=tmp_path / "p.log")
     assert summary == {"rounds": 2} and "[round 2/2]" in (tmp_path / "p.log").read_text()
+
+
+def test_a_closed_output_ends_the_command_quietly(monkeypatch, capsys):
+    """Found by a review: `flowerbed compare ... | head` ended, after its runs, with
+    'flowerbed: error: [Errno 32] Broken pipe' and exit 1, as if something had failed."""
+    import signal
+
+    def closed(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "cmd_methods", closed)
+    assert cli.main(["methods"]) == 128 + signal.SIGPIPE
+    assert "error" not in capsys.readouterr().err
