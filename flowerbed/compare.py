@@ -417,20 +417,31 @@ def _compare_seeds(methods: list[str], overrides: dict[str, Any], seeds: list[in
         per_seed[s] = json.loads((out / f"seed-{s}" / "results.json").read_text())
     summary = {m: seed_stats({s: r.get(m, {"error": "no result"}) for s, r in per_seed.items()})
                for m in methods}
+    runs = {m: [read_metrics(out / f"seed-{s}" / run_label(m)) for s in summary[m]["seeds-ok"]]
+            for m in methods}
+    return write_seed_tables(out, summary, per_seed, runs, overrides, num_clients, seeds)
+
+
+def write_seed_tables(out: Path, summary: dict[str, dict[str, Any]], per_seed: dict[int, Any],
+                      runs: dict[str, list[list[dict[str, Any]]]], overrides: dict[str, Any],
+                      n: int, seeds: list[int], extra: tuple[str, ...] = (),
+                      command: str = "compare") -> str:
+    """A table over seeds into ``out``: ``results.json`` (summary and per seed), ``table.md``
+    (``extra`` lines under it) and the mean curves of each row's finished ``runs``; returns the
+    table."""
     (out / "results.json").write_text(json.dumps(
         {"seeds": seeds, "summary": summary, "per-seed": per_seed}, indent=2))
     curves = {}
-    for m in methods:  # a method some of whose seeds failed: its curve's label names the others
+    for m, rows in runs.items():  # a method some of whose seeds failed: its label names the others
         ok = summary[m]["seeds-ok"]
-        runs = [read_metrics(out / f"seed-{s}" / run_label(m)) for s in ok]
         label = m if len(ok) in (0, len(seeds)) else f"{m} (seeds {', '.join(map(str, ok))})"
-        curves[label] = mean_curve(runs)
+        curves[label] = mean_curve(rows)
     plot_comparison({m: c for m, c in curves.items() if c}, out,
-                    _title(overrides, num_clients).rsplit(",", 1)[0] + f", mean of seeds {seeds}",
+                    _title(overrides, n).rsplit(",", 1)[0] + f", mean of seeds {seeds}",
                     [m for m, c in curves.items() if not c])
-    table = seeds_table(summary, overrides, num_clients, seeds)
+    table = "\n".join([seeds_table(summary, overrides, n, seeds), *extra])
     (out / "table.md").write_text(table + "\n")
-    log.info("compare: wrote %s", out)
+    log.info("%s: wrote %s", command, out)
     return table
 
 
@@ -608,9 +619,7 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
     table = "\n".join([markdown_table(results, shared, n, variants=False),
                        *_differences(configs, labels),
                        "", "Runs: " + "; ".join(f"{labels[d]}: {d}" for d in runs) + "."])
-    out = out or new_folder(Path("runs"), "table")  # made once the runs are accepted
-    out.mkdir(parents=True, exist_ok=True)
-    keep_earlier_tables(out, False, list(results), command="table")
+    out = _table_folder(out, list(results))
     (out / "results.json").write_text(json.dumps(results, indent=2))
     plot_comparison(curves, out, _title(shared, n), [m for m in results if m not in curves])
     (out / "table.md").write_text(table + "\n")
@@ -716,35 +725,32 @@ def _table_over_seeds(runs: list[Path], configs: dict[Path, dict[str, Any]],
                           + "); a table over seeds compares methods on the same partitions and seeds")
     seeds = next(iter(seeds_of.values()))
     per_seed: dict[int, dict[str, Any]] = {s: {} for s in seeds}
-    curves, where = {}, {}
+    finished, labels = {}, {}
     for g, ds in groups.items():
-        runs_ok = []
+        runs_ok = finished[names[g]] = []
         for d in sorted(ds, key=lambda d: configs[d]["seed"]):
             s = configs[d]["seed"]
             per_seed[s][names[g]] = summary = _summary(d)
-            where[f"{names[g]} (seed {s})"] = d
+            labels[d] = f"{names[g]} (seed {s})"
             if "error" not in summary:
                 try:
                     runs_ok.append(read_metrics(d))
                 except (OSError, ValueError) as e:
                     per_seed[s][names[g]] = {"error": f"unreadable metrics.jsonl ({e})", "run-dir": str(d)}
-        curves[names[g]] = mean_curve(runs_ok)
     summary = {names[g]: seed_stats({s: per_seed[s][names[g]] for s in seeds}) for g in groups}
     shared = _shared(configs)
     n = int(shared.get("num-partitions") or 0)
-    labels = {d: f"{names[g]} (seed {configs[d]['seed']})" for g, ds in groups.items() for d in ds}
-    table = "\n".join([seeds_table(summary, shared, n, seeds),
-                       *_differences({names[g]: {**c, "seed": None} for g, c in first.items()}, {}, {
-                           labels[d]: c for d, c in configs.items()}),
-                       "", "Runs: " + "; ".join(f"{k}: {d}" for k, d in where.items()) + "."])
-    out = out or new_folder(Path("runs"), "table")  # made once the runs are accepted
+    extra = (*_differences({names[g]: {**c, "seed": None} for g, c in first.items()}, {},
+                           {labels[d]: configs[d] for d in labels}),
+             "", "Runs: " + "; ".join(f"{label}: {d}" for d, label in labels.items()) + ".")
+    out = _table_folder(out, list(summary))
+    return write_seed_tables(out, summary, per_seed, finished, shared, n, seeds, extra, "table"), out
+
+
+def _table_folder(out: Path | None, rows: list[str]) -> Path:
+    """``flowerbed table``'s folder (default ``runs/table-<time>``), made once the runs are
+    accepted; an earlier table there is set aside."""
+    out = out or new_folder(Path("runs"), "table")
     out.mkdir(parents=True, exist_ok=True)
-    keep_earlier_tables(out, False, list(summary), command="table")
-    (out / "results.json").write_text(json.dumps(
-        {"seeds": seeds, "summary": summary, "per-seed": per_seed}, indent=2))
-    plot_comparison({m: c for m, c in curves.items() if c}, out,
-                    _title(shared, n).rsplit(",", 1)[0] + f", mean of seeds {seeds}",
-                    [m for m, c in curves.items() if not c])
-    (out / "table.md").write_text(table + "\n")
-    log.info("table: wrote %s", out)
-    return table, out
+    keep_earlier_tables(out, False, rows, command="table")
+    return out
