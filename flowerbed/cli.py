@@ -376,9 +376,37 @@ def cmd_superlink(args: argparse.Namespace) -> int:
     return 0
 
 
+# deploy's options that only some of its actions read: (argparse dest, those actions); given to
+# another action, one is refused rather than ignored (`deploy up --method fedx` ran nothing of it)
+DEPLOY_OPTION_ACTIONS = {
+    "--num-clients": ("num_clients", ("up", "run", "export-data")),
+    "--host-bind": ("host_bind", ("up",)),
+    "--host": ("host", ("certs", "up")),
+    "--insecure": ("insecure", ("up",)),
+    "--force": ("force", ("certs", "node-key", "export-data")),
+    "--auth": ("auth", ("up",)),
+    "--data-root": ("data_root", ("up",)),
+    "--data-dirs": ("data_dirs", ("up",)),
+    "--out": ("out", ("certs", "node-key", "export-data")),
+    "--preset": ("preset", ("run", "export-data")),
+    "--run-config": ("run_config", ("run", "export-data")),
+    **{f"--{opt}": (opt, ("run", "export-data")) for opt in SHORTCUTS},
+}
+
+
+def check_deploy_options(args: argparse.Namespace) -> None:
+    """A ConfigError for an option given to a deploy action that does not read it."""
+    for opt, (dest, actions) in DEPLOY_OPTION_ACTIONS.items():
+        value = getattr(args, dest, None)
+        if value not in (None, "", [], False) and args.action not in actions:
+            raise ConfigError(opt, value, f"only `deploy {' / '.join(actions)}` reads it, "
+                                          f"not `deploy {args.action}`")
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     from flowerbed import certs, deploy
 
+    check_deploy_options(args)
     home = Path(args.home) if args.home else deploy.DEFAULT_HOME
     if args.action in ("certs", "up"):  # a certificate may name a host only the clients resolve
         deploy.check_address(args.address, resolve=args.action == "up")

@@ -88,7 +88,13 @@ def flwr_env(home: Path) -> dict[str, str]:
     env["FLWR_HOME"] = str(home)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("RAY_DEDUP_LOGS", "0")
+    # Ray's driver (the simulation) warns on every start that it will stop hiding GPUs from
+    # actors given none; training.pick_device already asks Ray for the actor's GPUs instead
+    env["PYTHONWARNINGS"] = ",".join(filter(None, [env.get("PYTHONWARNINGS"), RAY_GPU_TIP]))
     return env
+
+
+RAY_GPU_TIP = "ignore::FutureWarning:ray._private.worker"
 
 
 def _write_connection(home: Path, port: int) -> None:
@@ -425,11 +431,12 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
                     tail.append(line)
                     if run_id is None and (m := _STARTED.search(line)):
                         run_id = m.group(1)
-                    if out:
+                    shown = not (federation and any(n in line for n in SIMULATION_NOISE))
+                    if out and (shown or out is sink):
                         out.write(line)
                         out.flush()
                     try:  # a closed console (| head) does not stop a logged run
-                        if echo:
+                        if echo and shown:
                             echo.write(line)
                             echo.flush()
                         if progress and PROGRESS in line:  # "<run-name> [round r/n] acc ..."
@@ -458,6 +465,13 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
 
 
 _STARTED = re.compile(r"Successfully started run (\d+)")
+# flwr's simulation lines kept out of the console (a log file keeps them): a warning printed on
+# every start whatever num-supernodes is (we always set it; the next line says how many), its
+# advice to resize with `flwr federation` (ours is --num-clients), and each Ray actor's notice
+# when the run ends normally
+SIMULATION_NOISE = ("Since flwr 1.32, default simulated SuperNodes changed",
+                    "To change federation size, use the following command",
+                    "flwr federation simulation-config", "Manually terminating ClientAppActor")
 PROGRESS = "flowerbed: [round "  # the ServerApp's line per round (results.progress_line)
 
 

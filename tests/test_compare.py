@@ -203,6 +203,11 @@ def test_seed_tables_show_a_streams_mean_accuracy_failures_and_skipped_rounds():
     (["partitions", "--num-clients", "0"], "'--num-clients' = 0"),
     (["deploy", "export-data", "--num-clients", "0"], "'--num-clients' = 0"),
     (["run", "-c", 'run-name="a\\u0000b"'], "control characters"),
+    # a deploy option the action does not read was ignored: `deploy up --method fedx` ran fedavg
+    (["deploy", "up", "--method", "fedx"], "only `deploy run / export-data` reads it, not `deploy up`"),
+    (["deploy", "status", "-c", "lr=0.1"], "'--run-config' = ['lr=0.1']"),
+    (["deploy", "down", "--force"], "only `deploy certs / node-key / export-data` reads it"),
+    (["deploy", "certs", "--data-dirs", "d"], "only `deploy up` reads it, not `deploy certs`"),
 ])
 def test_malformed_command_lines_get_one_line_not_a_traceback(argv, said, capsys):
     assert cli.main(argv) == 2
@@ -995,3 +1000,53 @@ def test_a_closed_output_ends_the_command_quietly(monkeypatch, capsys):
     monkeypatch.setattr(cli, "cmd_methods", closed)
     assert cli.main(["methods"]) == 128 + signal.SIGPIPE
     assert "error" not in capsys.readouterr().err
+
+
+def test_flwr_simulation_noise_stays_out_of_the_console_but_in_the_log(tmp_path, monkeypatch, capsys):
+    """flwr warns on every simulation start that the default SuperNode count changed (we always
+    set num-supernodes) and advises `flwr federation` to resize; each Ray actor says it is
+    'manually terminated' when a run ends normally. The console skips those; the log keeps all."""
+    import subprocess
+    import sys
+
+    noise = ["WARNING :   Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.",
+             "INFO :      To change federation size, use the following command:",
+             "INFO :      \tflwr federation simulation-config @none/default <superlink> --num-supernodes <N>",
+             "(ClientAppActor pid=7) WARNING :   Manually terminating ClientAppActor"]
+    lines = ["INFO :      Federation `@none/default` (2 simulated SuperNodes)", *noise,
+             "INFO flowerbed: [round 1/1] acc 0.5"]
+    code = (f"import json, pathlib\nfor s in {lines!r}: print(s)\n"
+            f"pathlib.Path({str(tmp_path / 'p' / 'summary.json')!r}).write_text('{{}}')")
+
+    class Run(subprocess.Popen):
+        def __init__(self, cmd, **kw):
+            super().__init__([sys.executable, "-c", code], stdout=kw["stdout"], stderr=kw["stderr"],
+                             text=True)
+
+    (tmp_path / "p").mkdir()
+    monkeypatch.setattr(cmp.engine.subprocess, "Popen", Run)
+    rc = {"output-dir": str(tmp_path), "run-name": "p"}
+    cmp.engine.flwr_run(tmp_path, "c", rc, {"num-supernodes": 2}, log_file=tmp_path / "p.log", tee=True)
+    shown = capsys.readouterr().out
+    assert "(2 simulated SuperNodes)" in shown and "[round 1/1]" in shown
+    assert not any(n.split(":", 1)[1].strip() in shown for n in noise)
+    assert all(n in (tmp_path / "p.log").read_text() for n in noise)
+    cmp.engine.flwr_run(tmp_path, "c", rc, {"num-supernodes": 2})  # no log file: the console only
+    assert "Manually terminating" not in capsys.readouterr().out
+    cmp.engine.flwr_run(tmp_path, "c", rc, None)  # a deployment: nothing of it is flwr's simulation
+    assert "Manually terminating" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("module, shown", [("ray._private.worker", False), ("ray.other", True)])
+def test_rays_gpu_tip_is_silenced_in_flwrs_processes_and_nothing_else(tmp_path, module, shown):
+    """Ray's driver warned on every simulation start that it will stop hiding GPUs from actors
+    given none (RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO); training.pick_device does not rely on it."""
+    import subprocess
+    import sys
+
+    env = cmp.engine.flwr_env(tmp_path)
+    code = (f"import warnings; warnings.warn_explicit('Tip: In future versions of Ray', FutureWarning, "
+            f"'worker.py', 1, module={module!r})")
+    err = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stderr
+    assert ("Tip: In future versions of Ray" in err) == shown and "Invalid -W option" not in err
+    assert cmp.engine.flwr_env(tmp_path)["PYTHONWARNINGS"].endswith(cmp.engine.RAY_GPU_TIP)
