@@ -918,7 +918,7 @@ def test_table_over_seeds_groups_by_what_each_method_reads(tmp_path, capsys):
         table(a, b)
     runs = [fake_run(tmp_path, "avg0", method="fedavg", seed=0),
             fake_run(tmp_path, "avg1", method="fedavg", seed=1, drop=("fedxds-sparsity",),
-                     **{"fedxds-lambda": 1.0}),
+                     **{"fedxds-lambda": 1.0, "probe-every": 5, "proximal-mu": 0.5}),  # not FedAvg's
             fake_run(tmp_path, "prox0", method="fedprox", seed=0),
             fake_run(tmp_path, "prox1", method="fedprox", seed=1)]
     rows = [r.split(" | ")[0] for r in table(*runs).splitlines() if r.startswith("| ")][1:]

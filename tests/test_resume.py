@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -16,9 +17,10 @@ import torch
 from inprocess import run_inprocess
 from methods import EXTRA
 
-from flowerbed import checkpoint, engine, faults
+from flowerbed import checkpoint, compare, engine, faults
+from flowerbed import config as config_module
 from flowerbed.apps import server_app
-from flowerbed.config import PERSONAL_METHODS, Config, ConfigError
+from flowerbed.config import PERSONAL_METHODS, Config, ConfigError, defaults
 from flowerbed.registry import METHODS
 from flowerbed.results import read_metrics
 
@@ -83,11 +85,32 @@ def test_plain_flwr_gets_the_output_checks_before_the_data_loads(tmp_path, monke
     assert "an environment Flower built for it" in caplog.text
 
 
+def keys_read(m: pytest.MonkeyPatch) -> set[str]:
+    """The run-config keys read from a Config from now on, outside config.py's own checks and
+    the dataclass's generated __eq__ and __hash__ (compiled from '<string>'), which read all."""
+    seen: set[str] = set()
+    keys = set(defaults())
+    get = Config.__getattribute__
+
+    def recording(cfg, name):
+        key = name.replace("_", "-")
+        if key in keys and sys._getframe(1).f_code.co_filename not in (config_module.__file__, "<string>"):
+            seen.add(key)
+        return get(cfg, name)
+
+    m.setattr(Config, "__getattribute__", recording)
+    return seen
+
+
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_killed_and_resumed_equals_uninterrupted(tmp_path, method):
+def test_killed_and_resumed_equals_uninterrupted(tmp_path, method, monkeypatch):
     """Crash right after round 1's checkpoint, resume: the same metrics as a run that never
     stopped (server state from the checkpoint, client state from the clients' filed state)."""
-    full = run_inprocess(config(tmp_path, method, "full"), 3)
+    with monkeypatch.context() as m:
+        read = keys_read(m)
+        full = run_inprocess(config(tmp_path, method, "full"), 3)
+    # a table compares a key only among the methods compare.KEY_READERS says read it
+    assert not [k for k in read if not compare.reads(method, k)], "add them to compare.KEY_READERS"
     with pytest.raises(faults.SimulatedCrash):
         run_inprocess(config(tmp_path, method, "halt", **{"fault-crash-after": 1}), 3)
     assert [r["round"] for r in read_metrics(tmp_path / "halt")] == [0, 1]

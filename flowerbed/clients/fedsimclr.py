@@ -23,7 +23,7 @@ from flowerbed.training import seeded_generator, ssl_epochs, to_record
 def make_ssl_model(cfg: Config, data: DataSet) -> SSLNet:
     c, h, _ = data.shape
     return ssl_model(cfg.model, c, data.num_classes, h, cfg.ssl_dim, cfg.ssl_head_bn,
-                     kd_head=cfg.fedx_head == "separate")
+                     kd_head=cfg.method == "fedx" and cfg.fedx_head == "separate")
 
 
 class SSLClient(Client):
