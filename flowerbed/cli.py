@@ -311,7 +311,8 @@ def cmd_methods(args: argparse.Namespace) -> int:
     width = max(map(len, METHODS))
     for name, m in METHODS.items():
         print(f"{name:<{width}}  {m.summary}")
-    print("\n(run one with -c \"method='<name>'\"; its keys: pyproject.toml, [tool.flwr.app.config])")
+    print("\n(run one: flowerbed run --method <name>, or plain flwr run's --run-config \"method='<name>'\";"
+          "\n every key and its default: pyproject.toml, [tool.flwr.app.config])")
     return 0
 
 
@@ -376,10 +377,14 @@ def cmd_superlink(args: argparse.Namespace) -> int:
     return 0
 
 
+DEPLOY_ADDRESS, DEPLOY_PORT = "127.0.0.1", 8000  # deploy up's SuperLink, by default
 # deploy's options that only some of its actions read: (argparse dest, those actions); given to
 # another action, one is refused rather than ignored (`deploy up --method fedx` ran nothing of it)
 DEPLOY_OPTION_ACTIONS = {
+    "--home": ("home", ("up", "run", "status", "down", "certs", "node-key")),
     "--num-clients": ("num_clients", ("up", "run", "export-data")),
+    "--address": ("address", ("certs", "up")),
+    "--port": ("port", ("up",)),
     "--host-bind": ("host_bind", ("up",)),
     "--host": ("host", ("certs", "up")),
     "--insecure": ("insecure", ("up",)),
@@ -398,7 +403,8 @@ def check_deploy_options(args: argparse.Namespace) -> None:
     """A ConfigError for an option given to a deploy action that does not read it."""
     for opt, (dest, actions) in DEPLOY_OPTION_ACTIONS.items():
         value = getattr(args, dest, None)
-        if value not in (None, "", [], False) and args.action not in actions:
+        if value is not None and value is not False and value not in ("", []) \
+                and args.action not in actions:  # (0 == False: `--seed 0` is given)
             raise ConfigError(opt, value, f"only `deploy {' / '.join(actions)}` reads it, "
                                           f"not `deploy {args.action}`")
 
@@ -408,6 +414,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
     check_deploy_options(args)
     home = Path(args.home) if args.home else deploy.DEFAULT_HOME
+    args.address = args.address or DEPLOY_ADDRESS
+    args.port = args.port or DEPLOY_PORT
     if args.action in ("certs", "up"):  # a certificate may name a host only the clients resolve
         deploy.check_address(args.address, resolve=args.action == "up")
     if args.action == "certs":
@@ -553,9 +561,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--num-clients", type=int, default=None,
                    help="SuperNodes to start / partitions to export (default 2; up --data-dirs: "
                         "one per client-<i> folder)")
-    d.add_argument("--address", default="127.0.0.1",
-                   help="address SuperNodes and flwr use to reach the SuperLink (default 127.0.0.1)")
-    d.add_argument("--port", type=port, default=8000, help="SuperLink port (default 8000)")
+    d.add_argument("--address", default=None, help="address SuperNodes and flwr use to reach "
+                   f"the SuperLink (default {DEPLOY_ADDRESS})")
+    d.add_argument("--port", type=port, default=None, help=f"SuperLink port (default {DEPLOY_PORT})")
     d.add_argument("--host-bind", default=None,
                    help="interface the SuperLink listens on (default: the --address itself "
                         "where it is a loopback address, else all interfaces, 0.0.0.0 or :: for "

@@ -639,7 +639,8 @@ def _values(configs: dict[Any, dict[str, Any]], labels: dict[Any, str], key: str
 #: runs read no key outside this.
 KEY_READERS: dict[str, tuple[str, ...]] = {
     **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedade", "fedfew", "fedu", "fedrep", "scaffold")},
-    "probe": SSL_METHODS, "ssl": SSL_METHODS, "byol": ("fedbyol", "fedu", "fedx"),
+    "probe": SSL_METHODS, "ssl": SSL_METHODS, "ssl-tau": ("fedsimclr", "fedx"),  # NT-Xent's
+    "byol": ("fedbyol", "fedu", "fedx"),
     "distill": DISTILL_METHODS, "hetero": DISTILL_METHODS,
     "proximal-mu": ("fedprox",), "finetune": ("fedavg-ft",), "num-models": ("fedfew", "ifca"),
 }

@@ -468,7 +468,7 @@ _STARTED = re.compile(r"Successfully started run (\d+)")
 # flwr's simulation lines kept out of the console (a log file keeps them): a warning printed on
 # every start whatever num-supernodes is (we always set it; the next line says how many), its
 # advice to resize with `flwr federation` (ours is --num-clients), and each Ray actor's notice
-# when the run ends normally
+# when it is stopped (at the run's end; mid-run only if Ray loses a node)
 SIMULATION_NOISE = ("Since flwr 1.32, default simulated SuperNodes changed",
                     "To change federation size, use the following command",
                     "flwr federation simulation-config", "Manually terminating ClientAppActor")

@@ -208,6 +208,10 @@ def test_seed_tables_show_a_streams_mean_accuracy_failures_and_skipped_rounds():
     (["deploy", "status", "-c", "lr=0.1"], "'--run-config' = ['lr=0.1']"),
     (["deploy", "down", "--force"], "only `deploy certs / node-key / export-data` reads it"),
     (["deploy", "certs", "--data-dirs", "d"], "only `deploy up` reads it, not `deploy certs`"),
+    (["deploy", "status", "--seed", "0"], "'--seed' = 0"),  # (0 == False: it was taken as not given)
+    (["deploy", "run", "--address", "10.0.0.5"], "only `deploy certs / up` reads it"),
+    (["deploy", "down", "--port", "9000"], "only `deploy up` reads it, not `deploy down`"),
+    (["deploy", "export-data", "--home", "h"], "not `deploy export-data`"),
 ])
 def test_malformed_command_lines_get_one_line_not_a_traceback(argv, said, capsys):
     assert cli.main(argv) == 2
