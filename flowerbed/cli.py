@@ -31,7 +31,7 @@ def _federation_args(p: argparse.ArgumentParser, resumable: bool = False) -> Non
                    help="simulated SuperNodes, one partition each (default 10"
                         + ("; with --resume, the run's own)" if resumable else ")"))
     p.add_argument("--cpus-per-client", type=float, default=1.0,
-                   help="Ray CPUs per client; clients in parallel = CPUs / this (default 1)")
+                   help="whole Ray CPUs per client; clients in parallel = CPUs / this (default 1)")
     p.add_argument("--gpus-per-client", type=float, default=0.0,
                    help="GPU share per client, e.g. 0.25 = four clients per GPU (default 0)")
     p.add_argument("--preset", default=None,
@@ -177,8 +177,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                               f"{n} clients (partitions); a resumed run keeps them")
         args.num_clients = n or args.num_clients
     args.num_clients = 10 if args.num_clients is None else args.num_clients
-    cfg = preflight(overrides, args.num_clients, args.gpus_per_client, warn=False)
     fed = engine.federation_config(args.num_clients, args.cpus_per_client, args.gpus_per_client)
+    cfg = preflight(overrides, args.num_clients, args.gpus_per_client, warn=False)  # loads the data
     with place_run(overrides, cfg), engine.local_superlink() as (home, conn):  # last: the folder
         summary = engine.flwr_run(home, conn, overrides, fed, log_file=run_log(overrides), tee=True)
     print(json.dumps(summary, indent=2))

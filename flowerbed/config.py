@@ -110,6 +110,9 @@ class Partition:
         return self.kind if self.param is None else f"{self.kind}:{self.param}"
 
 
+#: the most server models (num-models) FedFew and IFCA accept
+MAX_MODELS = 100
+
 #: the largest Dirichlet alpha accepted (beyond it the split is iid in all but name)
 MAX_ALPHA = 1e6
 
@@ -127,7 +130,8 @@ def parse_partition(text: str) -> Partition:
     try:
         value = float(arg) if kind == "dirichlet" else int(arg)
     except ValueError:
-        raise ConfigError("partition", text, f"'{arg}' is not a number; {allowed}") from None
+        what = "a number" if kind == "dirichlet" else "a whole number"
+        raise ConfigError("partition", text, f"'{arg}' is not {what}; {allowed}") from None
     if kind == "dirichlet" and not (value > 0 and math.isfinite(value)):
         raise ConfigError("partition", text, f"alpha must be a finite number > 0; {allowed}")
     if kind == "dirichlet" and value > MAX_ALPHA:
@@ -357,9 +361,6 @@ class Config:
         for key, allowed in choices.items():
             if getattr(self, key.replace("-", "_")) not in allowed:
                 raise ConfigError(key, getattr(self, key.replace("-", "_")), f"use {' | '.join(allowed)}")
-        if not 0 <= self.fedade_lr_min <= self.fedade_lr_max:
-            raise ConfigError("fedade-lr-min", self.fedade_lr_min,
-                              f"must be in [0, fedade-lr-max = {self.fedade_lr_max}]")
         if not 0 <= self.fedade_ber_p <= 1:
             raise ConfigError("fedade-ber-p", self.fedade_ber_p, "must be a probability in [0, 1]")
         if self.fedade_fixed_lr < 0:
@@ -408,6 +409,9 @@ class Config:
             v = getattr(self, key.replace("-", "_"))
             if not (v > 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number > 0")
+        if self.num_models > MAX_MODELS:  # 1000 copies of the CNN failed to allocate (6.5 GB)
+            raise ConfigError("num-models", self.num_models, f"must be <= {MAX_MODELS}: every round "
+                              "sends all K models to every client (FedFew's paper uses K <= 10)")
         if self.ssl_dim > 8192:  # the heads' width: 2**30 failed to allocate in the ServerApp
             raise ConfigError("ssl-dim", self.ssl_dim, "must be <= 8192 (FedX uses 512)")
         if self.round_timeout > MAX_TIMEOUT:
@@ -421,6 +425,12 @@ class Config:
             v = getattr(self, key.replace("-", "_"))
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number >= 0")
+        if self.fedade_lr_min > self.fedade_lr_max:  # named: the one changed from its default
+            if self.fedade_lr_max != defaults()["fedade-lr-max"]:
+                raise ConfigError("fedade-lr-max", self.fedade_lr_max,
+                                  f"must be >= fedade-lr-min = {self.fedade_lr_min}")
+            raise ConfigError("fedade-lr-min", self.fedade_lr_min,
+                              f"must be in [0, fedade-lr-max = {self.fedade_lr_max}]")
 
     def resolved_sigma(self) -> float:
         """FedXDS noise std: ``fedxds-sigma``, or calibrated from (epsilon, delta) when epsilon > 0

@@ -373,12 +373,14 @@ def federation_config(num_supernodes: int, cpus_per_client: float = 1.0,
     if gpus_per_client > 1 and not float(gpus_per_client).is_integer():  # Ray: a share or whole GPUs
         raise ConfigError("--gpus-per-client", gpus_per_client, "a share below 1 (clients share a "
                           "GPU) or a whole number of GPUs")
+    if not float(cpus_per_client).is_integer():  # `flwr run` refuses a fraction (an int field)
+        raise ConfigError("--cpus-per-client", cpus_per_client, "must be a whole number of CPUs "
+                          "(Flower's client-resources-num-cpus)")
     if cpus_per_client > (n := os.cpu_count() or 1):  # Ray could place no client: a traceback
         raise ConfigError("--cpus-per-client", cpus_per_client, f"more than this machine's {n} "
                           "CPUs: no client could start")
     # Flower wants whole CPUs as an int (a float like 1.0 is refused).
-    cpus = int(cpus_per_client) if float(cpus_per_client).is_integer() else cpus_per_client
-    return {"num-supernodes": num_supernodes, "client-resources-num-cpus": cpus,
+    return {"num-supernodes": num_supernodes, "client-resources-num-cpus": int(cpus_per_client),
             "client-resources-num-gpus": float(gpus_per_client)}
 
 
@@ -506,4 +508,6 @@ def failure_reason(lines: list[str], run_dir: Path) -> str:
             hint = (f"; continue it with `flowerbed run --resume {run_dir}`"
                     if kind == "SimulatedCrash" else "")
             return f"{kind}: {text}{hint}"
+    if any(ln.startswith("╭─ Error") for ln in lines):  # `flwr run` itself refused (its box)
+        return "flwr run: " + " ".join(ln.strip("│ \n") for ln in lines if ln.startswith("│"))
     return "the ServerApp failed"

@@ -524,6 +524,17 @@ def test_failure_reason_skips_client_errors_the_rounds_survived():
     assert cmp.engine.failure_reason(mine, "/d") == "CheckpointError: resume: x is corrupt"
 
 
+def test_failure_reason_of_a_run_flwr_refused_is_flwrs_own_error():
+    """From a bad-input audit: `--cpus-per-client 0.5` reached `flwr run`, which refused it in
+    its error box; the console said only 'the ServerApp failed'."""
+    lines = ["Using SuperLink: flowerbed-sim (127.0.0.1:51431)\n",
+             "╭─ Error ──────────────────────────────────────╮\n",
+             "│ 'float' object cannot be interpreted as an   │\n", "│ integer    │\n",
+             "╰──────────────────────────────────────────────╯\n"]
+    assert (cmp.engine.failure_reason(lines, "/d")
+            == "flwr run: 'float' object cannot be interpreted as an integer")
+
+
 def test_default_run_folders_are_never_shared(tmp_path):
     """Regression: default run names were unique only to the second, so two launchers started
     in the same second wrote into one folder. The folder is now created when it is named."""

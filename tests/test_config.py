@@ -59,12 +59,39 @@ def test_defaults_come_from_pyproject():
     ("run-name", "..", "without '/'"),
     ("fedade-fixed-lr", float("nan"), "finite number >= 0"),
     ("fedade-lr-max", float("inf"), "finite number >= 0"),
+    # from a bad-input audit: named the default fedade-lr-min; said 'not a number'; ran out of memory
+    ("fedade-lr-max", 1e-6, "must be >= fedade-lr-min = 1e-05"),
+    ("fedade-lr-max", float("nan"), "finite number >= 0"),
+    ("partition", "pathological:2.0", "'2.0' is not a whole number"),
+    ("num-models", 1000, "must be <= 100"),
 ])
 def test_bad_values_name_the_key(key, value, needle):
     with pytest.raises(ConfigError) as e:
         Config.from_run_config({key: value})
     msg = str(e.value)
     assert f"'{key}'" in msg and needle in msg and "\n" not in msg
+
+
+def test_settings_that_leave_data_unused_are_warned_about(caplog):
+    """From a bad-input audit: public-fraction=0.9 for FedAvg trained its clients on a tenth of
+    the data without a word, and train-samples beyond the data set silently meant all of it."""
+    from flowerbed.apps.server_app import warn_unused_data
+    from flowerbed.datasets.federated import test_set
+
+    def warned(**kw) -> str:
+        caplog.clear()
+        cfg = Config.from_run_config({"train-samples": 1000, "test-samples": 100, **kw})
+        test = test_set(cfg)
+        caplog.clear()
+        warn_unused_data(cfg, test)
+        return "".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+
+    assert warned() == "" and warned(method="fedcc", **{"public-fraction": 0.1}) == ""
+    assert "public-fraction=0.9 sets that share" in warned(**{"public-fraction": 0.9})
+    assert "which fedavg does not use" in caplog.text
+    assert "train-samples=99999 is more than the 60000 samples" in warned(**{"train-samples": 99999})
+    assert "test-samples=20000 is more than the 10000" in warned(**{"test-samples": 20000})
+    assert "never evaluate" in warned(method="fedx")  # local-test-fraction 0.1 by default
 
 
 @pytest.mark.parametrize("method", ["fedsimclr", "fedbyol", "fedu", "fedx"])
@@ -154,6 +181,7 @@ def test_presets_are_valid_run_configs(preset):
 @pytest.mark.parametrize("cpus,gpus,flag", [(0, 0, "--cpus-per-client"),
                                             (float("nan"), 0, "--cpus-per-client"),
                                             (1000, 0, "--cpus-per-client"),  # Ray: no actor
+                                            (0.5, 0, "--cpus-per-client"),  # flwr run: an int
                                             (1, -0.5, "--gpus-per-client"),
                                             (1, 1.5, "--gpus-per-client")])  # Ray: no such share
 def test_client_resources_are_checked_before_ray_starts(cpus, gpus, flag):

@@ -252,6 +252,26 @@ def test_an_impossible_target_split_is_named_before_round_1():
     FedADEStrategy(cfg).check_setup(2)  # possible: no error
 
 
+def test_a_batch_beyond_the_pool_and_streams_that_never_shift_are_named(caplog):
+    """From a bad-input audit: a label-shift fedade-batch of 2**31 passed and ran out of memory
+    in the clients; a run of one time step (or fedade-ber-p=0) finished without a word, its
+    learning rate never moving from fedade-lr-min, as its stream never left the pre-training mix."""
+    from flowerbed.config import ConfigError
+    from flowerbed.strategies.fedade import FedADEStrategy
+
+    base = {"method": "fedade", "train-samples": 1500, "num-server-rounds": 4}
+    with pytest.raises(ConfigError, match=r"'fedade-batch' = 301 .*at most the 300 samples"):
+        FedADEStrategy(Config.from_run_config({**base, "fedade-batch": 301})).check_setup(2)
+    FedADEStrategy(Config.from_run_config(base)).check_setup(2)  # lin over 2 steps: shifts
+    assert "never shift" not in caplog.text
+    FedADEStrategy(Config.from_run_config({**base, "num-server-rounds": 2})).check_setup(2)
+    assert "never shift (w = 0 at every step: a single time step)" in caplog.text
+    caplog.clear()
+    FedADEStrategy(Config.from_run_config({**base, "fedade-schedule": "ber", "fedade-ber-p": 0.0,
+                                           "fedade-shift": "covariate"})).check_setup(2)
+    assert "fedade-ber-p=0: no chain flips in 2 steps" in caplog.text and "uncorrupted" in caplog.text
+
+
 def test_pretraining_cache_is_keyed_by_the_pool_itself():
     """Regression: the key held the pool's size, and train-samples 9999 and 10000 give pools of
     7200 samples with 1234 other images: the second run reused a model trained on the first's

@@ -15,8 +15,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from flowerbed import checkpoint, client_state, faults
-from flowerbed.config import SSL_METHODS, Config, ConfigError
-from flowerbed.datasets.federated import client_partitions, test_set, train_set
+from flowerbed.config import DISTILL_METHODS, SSL_METHODS, Config, ConfigError
+from flowerbed.datasets.federated import client_partitions, full_train, test_set, train_set
 from flowerbed.datasets.partition import warn_unheld
 from flowerbed.registry import METHODS
 from flowerbed.results import RunDir, make_folder, new_folder, refuse_existing, software, writable_folder
@@ -56,7 +56,7 @@ def wait_for_nodes(grid: Grid, n: int, timeout: float = 120.0) -> list[int]:
     while len(ids := sorted(grid.get_node_ids())) < n:
         if time.time() - t0 > timeout:
             raise TimeoutError(f"only {len(ids)} of the {n} nodes (min-clients) connected "
-                               f"within {timeout:.0f} s: start more SuperNodes (a simulation: "
+                               f"within {timeout:g} s: start more SuperNodes (a simulation: "
                                "num-supernodes in --federation-config) or lower min-clients")
         time.sleep(0.2)
     return ids
@@ -94,6 +94,24 @@ def warn_runtime_env(env: str) -> None:
                     "superlink up` do)", env, torch.__version__)
 
 
+def warn_unused_data(cfg: Config, test) -> None:
+    """Settings that leave data out of a run, or ask for more than there is: each a warning."""
+    if cfg.method in SSL_METHODS and cfg.local_test_fraction > 0:
+        log.warning("%s's clients never evaluate: local-test-fraction=%g holds that share of each "
+                    "client's data out of training, unused; set it to 0 (the fedx presets do)",
+                    cfg.method, cfg.local_test_fraction)
+    if cfg.public_fraction > 0 and cfg.method not in DISTILL_METHODS:
+        log.warning("public-fraction=%g sets that share of the training set aside as the public set, "
+                    "which %s does not use: its clients train on the rest (as the distillation "
+                    "methods' clients do, so that such runs compare on the same private data)",
+                    cfg.public_fraction, cfg.method)
+    for key, asked, there in (("train-samples", cfg.train_samples, len(full_train(cfg))),
+                              ("test-samples", cfg.test_samples, len(test))):
+        if asked > there:
+            log.warning("%s=%d is more than the %d samples %s has: all %d are used", key, asked,
+                        there, cfg.dataset, there)
+
+
 def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     """The whole run; returns the summary also written to ``summary.json``."""
     method = METHODS[cfg.method]
@@ -110,9 +128,10 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
             raise ClientSetupError(f"none of the {nodes} connected nodes could serve a partition; "
                                    f"they replied: {strategy.whoami_error}")
         raise TimeoutError(f"none of the {nodes} connected nodes said which partition it serves "
-                           f"(the '{WHOAMI}' message) within {cfg.round_timeout:.0f} s "
-                           "(round-timeout); errors they replied are logged above. On a loaded "
-                           "machine raise round-timeout.")
+                           f"(the '{WHOAMI}' message) within {cfg.round_timeout:g} s "
+                           "(round-timeout; a node's first reply waits for its data to load); "
+                           "errors they replied, if any, are logged above. On a loaded machine "
+                           "raise round-timeout.")
     # impossible splits stop here, before round 1
     warn_unheld(train.y.numpy(), client_partitions(cfg, num_partitions), cfg.partition)
     strategy.check_setup(num_partitions)
@@ -127,10 +146,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     with RunDir(output_dir, run_name, described,
                 resume_round=ckpt["round"] if ckpt else None) as run_dir:  # this ServerApp's till it ends
         strategy.run_key = client_state.run_key(run_dir.path, run_dir.run_id)
-        if cfg.method in SSL_METHODS and cfg.local_test_fraction > 0:
-            log.warning("%s's clients never evaluate: local-test-fraction=%g holds that share of each "
-                        "client's data out of training, unused; set it to 0 (the fedx presets do)",
-                        cfg.method, cfg.local_test_fraction)
+        warn_unused_data(cfg, test)
         log.info("run directory: %s | %s on %s, %s, %d clients, server device %s", run_dir.path,
                  cfg.method, cfg.dataset, cfg.partition, num_partitions, device)
 

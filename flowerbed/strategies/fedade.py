@@ -13,17 +13,21 @@ bbse`` every training message carries the confusion matrix and a small labelled 
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from flowerbed.config import ConfigError
-from flowerbed.datasets.streams import target_partitions
+from flowerbed.datasets.streams import client_weight, num_steps, target_partitions
 from flowerbed.models import is_personal
 from flowerbed.pretrain import confusion, pools, pretrained
 from flowerbed.strategies.base import metric_record
 from flowerbed.strategies.fedrep import FedRepStrategy
 from flowerbed.training import to_record
+
+log = logging.getLogger("flowerbed")
 
 REF_PER_CLASS = 20
 
@@ -42,12 +46,23 @@ class FedADEStrategy(FedRepStrategy):
         return {k for k in reference if not is_personal(k)}  # the shared layers, all of them
 
     def check_setup(self, num_partitions: int) -> None:
-        if self.cfg.fedade_shift == "label":  # every client's target mix must exist
-            target_partitions(self.cfg, num_partitions)
-        # covariate shift: a step's batch is drawn from the whole pool without replacement
-        elif self.cfg.fedade_batch > (post := len(pools(self.cfg)[2])):
-            raise ConfigError("fedade-batch", self.cfg.fedade_batch, f"at most the {post} samples "
+        cfg = self.cfg
+        # a covariate-shift batch is drawn from the whole pool without replacement (a label-shift
+        # batch with replacement: one larger than the pool only repeats it, or fills the memory)
+        if cfg.fedade_batch > (post := len(pools(cfg)[2])):
+            raise ConfigError("fedade-batch", cfg.fedade_batch, f"at most the {post} samples "
                               "of the post-deployment pool (20% of train-samples)")
+        if cfg.fedade_shift == "label":  # every client's target mix must exist
+            target_partitions(cfg, num_partitions)
+        steps = num_steps(cfg)
+        if not any(client_weight(cfg, p, t) for p in range(num_partitions) for t in range(steps)):
+            why = ("a single time step" if steps == 1 else
+                   f"fedade-ber-p={cfg.fedade_ber_p:g}: no chain flips in {steps} steps")
+            log.warning("Fed-ADE: the streams never shift (w = 0 at every step: %s), so every "
+                        "client sees the pre-training %s all run; more steps: num-server-rounds = "
+                        "steps x fedade-rounds-per-step (%d)", why,
+                        "label mix" if cfg.fedade_shift == "label" else "images, uncorrupted",
+                        cfg.fedade_rounds_per_step)
 
     def step_of(self, server_round: int) -> tuple[int, int]:
         return divmod(server_round - 1, self.cfg.fedade_rounds_per_step)
