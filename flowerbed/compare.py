@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from flowerbed import engine
-from flowerbed.config import DISTILL_METHODS, PERSONAL_METHODS, SSL_METHODS
+from flowerbed.config import PERSONAL_METHODS, reads
 from flowerbed.results import (
     folder_in_use,
     md_table,
@@ -522,7 +522,8 @@ SPLIT_KEYS = ("dataset", "train-samples", "public-fraction", "partition", "seed"
               "min-partition-size", "local-test-fraction", "num-partitions", "test-samples",
               "fedade-shift", "fedade-schedule", "fedade-batch", "fedade-ber-chain", "fedade-ber-p")
 #: run-config keys that name where a run is, not what it is: never listed as a difference
-BOOKKEEPING = {"run-name", "output-dir", "resume", "data-root", "client-state-dir", "method"}
+BOOKKEEPING = {"run-name", "output-dir", "resume", "data-root", "client-state-dir", "method",
+               "fault-crash-after"}  # a run it crashed, once resumed, equals an unbroken one
 
 
 def run_folders(paths: list[Path]) -> list[Path]:
@@ -630,26 +631,6 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
 def _values(configs: dict[Any, dict[str, Any]], labels: dict[Any, str], key: str) -> str:
     return "; ".join(f"{labels.get(d, d)}: {c.get(key)!r}" for d, c in configs.items()
                      if reads(c.get("method"), key))
-
-
-#: run-config keys (whole, or the prefix before the first '-') read by some methods only, with
-#: the methods reading them; other keys (local-epochs, lr, ...) are every method's. A method
-#: left out of a key's readers has that key ignored in a table's rows and differences, so a
-#: method missing here hides a real difference: tests/test_resume.py checks every method's
-#: runs read no key outside this.
-KEY_READERS: dict[str, tuple[str, ...]] = {
-    **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedade", "fedfew", "fedu", "fedrep", "scaffold")},
-    "probe": SSL_METHODS, "ssl": SSL_METHODS, "ssl-tau": ("fedsimclr", "fedx"),  # NT-Xent's
-    "byol": ("fedbyol", "fedu", "fedx"),
-    "distill": DISTILL_METHODS, "hetero": DISTILL_METHODS,
-    "proximal-mu": ("fedprox",), "finetune": ("fedavg-ft",), "num-models": ("fedfew", "ifca"),
-}
-
-
-def reads(method: Any, key: str) -> bool:
-    """Whether a run of ``method`` reads run-config ``key``."""
-    readers = KEY_READERS.get(key, KEY_READERS.get(key.split("-", 1)[0]))
-    return readers is None or method in readers
 
 
 def _differs(configs: dict[Any, dict[str, Any]], key: str) -> bool:

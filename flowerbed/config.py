@@ -110,6 +110,26 @@ class Partition:
         return self.kind if self.param is None else f"{self.kind}:{self.param}"
 
 
+#: run-config keys (whole, or the prefix before the first '-') read by some methods only, with
+#: the methods reading them; other keys (local-epochs, lr, ...) are every method's. A method
+#: left out of a key's readers has that key ignored in a table's rows and differences, so a
+#: method missing here hides a real difference: tests/test_resume.py checks that every method's
+#: runs read no key outside this. The ServerApp warns of a key set for a method not reading it.
+KEY_READERS: dict[str, tuple[str, ...]] = {
+    **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedade", "fedfew", "fedu", "fedrep", "scaffold")},
+    "probe": SSL_METHODS, "ssl": SSL_METHODS, "ssl-tau": ("fedsimclr", "fedx"),  # NT-Xent's
+    "byol": ("fedbyol", "fedu", "fedx"),
+    "distill": DISTILL_METHODS, "hetero": DISTILL_METHODS,
+    "proximal-mu": ("fedprox",), "finetune": ("fedavg-ft",), "num-models": ("fedfew", "ifca"),
+}
+
+
+def reads(method: Any, key: str) -> bool:
+    """Whether a run of ``method`` reads run-config ``key``."""
+    readers = KEY_READERS.get(key, KEY_READERS.get(key.split("-", 1)[0]))
+    return readers is None or method in readers
+
+
 #: the most server models (num-models) FedFew and IFCA accept
 MAX_MODELS = 100
 

@@ -792,7 +792,8 @@ def test_table_of_runs_made_separately(tmp_path, capsys, caplog):
 
     tiny = {"num-server-rounds": 1, "train-samples": 300, "test-samples": 100, "min-clients": 2,
             "fraction-evaluate": 1.0, "local-test-fraction": 0.2, "output-dir": str(tmp_path)}
-    for name, extra in [("fedavg", {}), ("prox-run", {"method": "fedprox", "lr": 0.05, "fedxds-lambda": 1.0}),
+    for name, extra in [("fedavg", {}), ("prox-run", {"method": "fedprox", "lr": 0.05, "fedxds-lambda": 1.0,
+                                                 "fault-crash-after": 5}),
                         ("other-seed", {"seed": 1})]:
         run_inprocess({**tiny, "method": "fedavg", **extra, "run-name": name}, 2)
     out = tmp_path / "table"
@@ -804,6 +805,7 @@ def test_table_of_runs_made_separately(tmp_path, capsys, caplog):
     assert [r.split(" | ")[0] for r in rows[1:]] == ["| fedavg", "| prox-run (fedprox)"]
     assert "differ between the runs: lr (fedavg: 0.01; prox-run (fedprox): 0.05)" in table
     assert "fedxds-lambda" not in table  # a FedXDS key: neither run reads it
+    assert "fault-crash-after" not in table  # a crashed and resumed run equals an unbroken one
     res = json.loads((out / "results.json").read_text())
     summary = json.loads((tmp_path / "fedavg" / "summary.json").read_text())
     assert res["fedavg"]["final-accuracy"] == summary["final-accuracy"]

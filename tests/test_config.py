@@ -74,7 +74,8 @@ def test_bad_values_name_the_key(key, value, needle):
 
 def test_settings_that_leave_data_unused_are_warned_about(caplog):
     """From a bad-input audit: public-fraction=0.9 for FedAvg trained its clients on a tenth of
-    the data without a word, and train-samples beyond the data set silently meant all of it."""
+    the data without a word, and train-samples beyond the data set silently meant all of it;
+    from a walk-through: a key that only other methods read was taken without a word."""
     from flowerbed.apps.server_app import warn_unused_data
     from flowerbed.datasets.federated import test_set
 
@@ -92,6 +93,9 @@ def test_settings_that_leave_data_unused_are_warned_about(caplog):
     assert "train-samples=99999 is more than the 60000 samples" in warned(**{"train-samples": 99999})
     assert "test-samples=20000 is more than the 10000" in warned(**{"test-samples": 20000})
     assert "never evaluate" in warned(method="fedx")  # local-test-fraction 0.1 by default
+    # a key set for a method that does not read it (a walk-through: accepted without a word)
+    assert "fedavg does not read fedxds-lambda=1.0 (keys only" in warned(**{"fedxds-lambda": 1.0})
+    assert warned(method="fedprox", **{"proximal-mu": 0.1}) == ""
 
 
 @pytest.mark.parametrize("method", ["fedsimclr", "fedbyol", "fedu", "fedx"])

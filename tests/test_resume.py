@@ -17,7 +17,7 @@ import torch
 from inprocess import run_inprocess
 from methods import EXTRA
 
-from flowerbed import checkpoint, compare, engine, faults
+from flowerbed import checkpoint, engine, faults
 from flowerbed import config as config_module
 from flowerbed.apps import server_app
 from flowerbed.config import PERSONAL_METHODS, Config, ConfigError, defaults
@@ -109,8 +109,8 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path, method, monkeypatch):
     with monkeypatch.context() as m:
         read = keys_read(m)
         full = run_inprocess(config(tmp_path, method, "full"), 3)
-    # a table compares a key only among the methods compare.KEY_READERS says read it
-    assert not [k for k in read if not compare.reads(method, k)], "add them to compare.KEY_READERS"
+    # a table compares a key only among the methods config.KEY_READERS says read it
+    assert not [k for k in read if not config_module.reads(method, k)], "add them to config.KEY_READERS"
     with pytest.raises(faults.SimulatedCrash):
         run_inprocess(config(tmp_path, method, "halt", **{"fault-crash-after": 1}), 3)
     assert [r["round"] for r in read_metrics(tmp_path / "halt")] == [0, 1]

@@ -15,7 +15,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from flowerbed import checkpoint, client_state, faults
-from flowerbed.config import DISTILL_METHODS, SSL_METHODS, Config, ConfigError
+from flowerbed.config import DISTILL_METHODS, SSL_METHODS, Config, ConfigError, defaults, reads
 from flowerbed.datasets.federated import client_partitions, full_train, test_set, train_set
 from flowerbed.datasets.partition import warn_unheld
 from flowerbed.registry import METHODS
@@ -105,6 +105,10 @@ def warn_unused_data(cfg: Config, test) -> None:
                     "which %s does not use: its clients train on the rest (as the distillation "
                     "methods' clients do, so that such runs compare on the same private data)",
                     cfg.public_fraction, cfg.method)
+    if unread := [f"{k}={v}" for k, v in cfg.to_run_config().items()
+                  if v != defaults()[k] and not reads(cfg.method, k)]:
+        log.warning("%s does not read %s (keys only some methods read: config.KEY_READERS); this "
+                    "run is as it would be without them", cfg.method, ", ".join(unread))
     for key, asked, there in (("train-samples", cfg.train_samples, len(full_train(cfg))),
                               ("test-samples", cfg.test_samples, len(test))):
         if asked > there:
