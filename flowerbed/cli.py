@@ -149,33 +149,41 @@ def resume_overrides(run_dir: str) -> tuple[dict[str, Any], int]:
     return rc, n
 
 
+def with_resume(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """``overrides`` for ``args.resume``'s run (also given as ``-c resume=<dir>``): its saved
+    config, where -c may change only what a resume may (num-server-rounds & co.), and its client
+    count (0 for a fresh run, or a config that does not record it)."""
+    if overrides.get("resume") and not args.resume:  # -c resume='<dir>': the same as --resume
+        args.resume = overrides.pop("resume")
+    if not args.resume:
+        return overrides, 0
+    saved, n = resume_overrides(args.resume)
+    for key in ("output-dir", "run-name", "resume"):
+        given = overrides.get(key, saved[key])
+        if (given if key == "run-name" else str(Path(given).expanduser().resolve())) != saved[key]:
+            raise ConfigError(key, given, f"a resumed run stays where it is ({saved['resume']})")
+    from flowerbed.checkpoint import config_changes, resumable_changes
+
+    changed = config_changes(Config.from_run_config(saved).to_run_config(),  # normalised,
+                             Config.from_run_config({**saved, **overrides}).to_run_config())
+    # as the ServerApp compares them (dirichlet:1 is dirichlet:1.0)
+    if changed:  # the ServerApp refuses them too, but only after the engine has started
+        free = sorted(resumable_changes(saved) - {"resume", "run-name", "output-dir"})
+        raise ConfigError("--resume", args.resume, f"a resumed run keeps its config; this "
+                          f"changes {', '.join(changed[:5])} (only {', '.join(free)} may "
+                          "change); start a new run for other settings")
+    return {**saved, **overrides}, n
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from flowerbed import engine
 
-    overrides = _with_shortcuts(_overrides(args), args)
-    if overrides.get("resume") and not args.resume:  # -c resume='<dir>': the same as --resume
-        args.resume = overrides.pop("resume")
-    if args.resume:  # the original run's config; -c may still change num-server-rounds & co.
-        saved, n = resume_overrides(args.resume)
-        for key in ("output-dir", "run-name", "resume"):
-            given = overrides.get(key, saved[key])
-            if (given if key == "run-name" else str(Path(given).expanduser().resolve())) != saved[key]:
-                raise ConfigError(key, given, f"a resumed run stays where it is ({saved['resume']})")
-        from flowerbed.checkpoint import config_changes, resumable_changes
-
-        changed = config_changes(Config.from_run_config(saved).to_run_config(),  # normalised,
-                                 Config.from_run_config({**saved, **overrides}).to_run_config())
-        # as the ServerApp compares them (dirichlet:1 is dirichlet:1.0)
-        if changed:  # the ServerApp refuses them too, but only after the engine has started
-            free = sorted(resumable_changes(saved) - {"resume", "run-name", "output-dir"})
-            raise ConfigError("--resume", args.resume, f"a resumed run keeps its config; this "
-                              f"changes {', '.join(changed[:5])} (only {', '.join(free)} may "
-                              "change); start a new run for other settings")
-        overrides = {**saved, **overrides}
-        if args.num_clients is not None and n and args.num_clients != n:
+    overrides, n = with_resume(args, _with_shortcuts(_overrides(args), args))
+    if n:
+        if args.num_clients is not None and args.num_clients != n:
             raise ConfigError("--num-clients", args.num_clients, f"the run in {args.resume} has "
                               f"{n} clients (partitions); a resumed run keeps them")
-        args.num_clients = n or args.num_clients
+        args.num_clients = n
     args.num_clients = 10 if args.num_clients is None else args.num_clients
     fed = engine.federation_config(args.num_clients, args.cpus_per_client, args.gpus_per_client)
     cfg = preflight(overrides, args.num_clients, args.gpus_per_client, warn=False)  # loads the data
@@ -395,6 +403,7 @@ DEPLOY_OPTION_ACTIONS = {
     "--out": ("out", ("certs", "node-key", "export-data")),
     "--preset": ("preset", ("run", "export-data")),
     "--run-config": ("run_config", ("run", "export-data")),
+    "--resume": ("resume", ("run",)),
     **{f"--{opt}": (opt, ("run", "export-data")) for opt in SHORTCUTS},
 }
 
@@ -476,10 +485,14 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         print(f"now: flowerbed deploy run{at} -c \"method='fedavg'\"   or   FLWR_HOME={dep.home} "
               f"flwr run . {deploy.CONNECTION} --stream")
     elif args.action == "run":
-        overrides = _with_shortcuts(_overrides(args), args)
+        overrides, resumed_n = with_resume(args, _with_shortcuts(_overrides(args), args))
         dep = deploy.Deployment.load(home)
         deploy.check_superlink(dep)  # before the data loads for the split check
         n = dep.supernodes()
+        if resumed_n and resumed_n != n:
+            raise ConfigError("--resume", args.resume, f"the run has {resumed_n} clients "
+                              f"(partitions) and the deployment in {dep.home} {n} SuperNodes; a "
+                              "resumed run keeps its clients (`deploy up --num-clients` sets them)")
         if args.num_clients not in (None, n):
             raise ConfigError("--num-clients", args.num_clients, f"the deployment in {dep.home} has "
                               f"{n} SuperNodes (`deploy up --num-clients` sets them)")
@@ -584,6 +597,9 @@ def build_parser() -> argparse.ArgumentParser:
     _shortcut_args(d, defaults(), method=True)  # run / export-data
     d.add_argument("--run-config", "-c", action="append", default=[],
                    help="run / export-data: run-config overrides, flwr syntax")
+    d.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="run: continue the run in RUN_DIR from its last complete round (its config "
+                        "is reused; --rounds N extends it)")
     d.set_defaults(fn=cmd_deploy)
 
     s = sub.add_parser("partitions", help="print and plot the per-client label histogram")

@@ -291,8 +291,9 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
         raise DeployError(f"num-nodes must be >= 1, got {num_nodes}")
     old = dep.home / "pids.json"
     if old.exists() and any(map((earlier := Deployment.load(dep.home)).ours, earlier.pids)):
-        raise DeployError(f"a deployment from {dep.home} is still running; "
-                          "stop it first with `flowerbed deploy down`")
+        at = "" if dep.home == DEFAULT_HOME else f" --home {dep.home}"
+        raise DeployError(f"a deployment from {dep.home} is still running; stop it first with "
+                          f"`flowerbed deploy down{at}`")
     dep.home.mkdir(parents=True, exist_ok=True)
     sl_host, port_text = dep.address.rsplit(":", 1)
     sl_host, port = sl_host.strip("[]"), int(port_text)

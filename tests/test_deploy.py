@@ -560,6 +560,46 @@ def test_deploy_run_checks_the_split_against_its_supernodes_before_it_starts(tmp
     assert "nothing to stop" in capsys.readouterr().out
 
 
+def test_deploy_run_resumes_a_run_in_its_own_folder(tmp_path, capsys, monkeypatch):
+    """From a deployment walk-through: `deploy run` had no --resume; `-c resume=<dir>` resumed the
+    run on the SuperLink, but the launcher looked for its summary in a new run folder and said
+    'the ServerApp failed', keeping its console output in a new log. (The real engine's resume
+    is test_resume.py's; here the deployment and `flwr run` are stand-ins.)"""
+    import json
+
+    from flowerbed import cli
+    from flowerbed.config import Config
+
+    dep = deploy.Deployment(home=tmp_path / "home", insecure=True)
+    dep.home.mkdir()
+    dep.pids = {"superlink": 1, "supernode-0": 2, "supernode-1": 3}
+    dep.save()
+    stopped = tmp_path / "runs" / "fedavg-deploy-1"
+    stopped.mkdir(parents=True)
+    rc = {"num-server-rounds": 2, "train-samples": 600, "output-dir": str(stopped.parent),
+          "run-name": stopped.name}
+    (stopped / "config.json").write_text(json.dumps(
+        {**Config.from_run_config(rc).to_run_config(), "num-partitions": 2}))
+    (stopped / "metrics.jsonl").write_text('{"round": 0}\n{"round": 1}\n')
+    seen = []
+    monkeypatch.setattr(deploy, "run", lambda d, overrides, log_file, tee: seen.append(
+        (overrides, log_file)) or {"final-accuracy": 0.5})
+    home = ["--home", str(dep.home)]
+    for how in (["--resume", str(stopped)], ["-c", f"resume='{stopped}'"]):
+        assert cli.main(["deploy", "run", *home, *how, "--rounds", "3"]) == 0
+        overrides, log_file = seen.pop()
+        assert (overrides["run-name"], overrides["resume"]) == (stopped.name, str(stopped))
+        assert overrides["num-server-rounds"] == 3 and log_file == stopped.parent / f"{stopped.name}.log"
+    assert cli.main(["deploy", "run", *home, "--resume", str(stopped), "--method", "fedprox"]) == 2
+    assert "a resumed run keeps its config; this changes method" in capsys.readouterr().err
+    dep.pids["supernode-2"] = 4
+    dep.save()
+    assert cli.main(["deploy", "run", *home, "--resume", str(stopped)]) == 2
+    assert "the run has 2 clients (partitions) and the deployment" in capsys.readouterr().err
+    assert cli.main(["deploy", "run", *home, "--resume", str(tmp_path / "none")]) == 2
+    assert "no such folder" in capsys.readouterr().err and not seen
+
+
 def test_stop_group_of_a_process_that_leads_no_group_spares_the_group():
     """A review found stop_group signalled the group of any pid it was given: for a process
     that leads none, its parent's whole group (a shell job, or the launcher itself)."""
