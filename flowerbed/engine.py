@@ -435,7 +435,7 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
                         run_id = m.group(1)
                     shown = not (federation and any(n in line for n in SIMULATION_NOISE))
                     if out and (shown or out is sink):
-                        out.write(line)
+                        out.write(ANSI.sub("", line) if out is sink else line)  # a file: no colours
                         out.flush()
                     try:  # a closed console (| head) does not stop a logged run
                         if echo and shown:
@@ -447,7 +447,11 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
                             progress.flush()
                     except OSError:
                         echo = progress = None
-            except BaseException:  # Ctrl-C or a broken terminal: leave neither flwr nor the run
+            except BaseException as e:  # Ctrl-C or a broken terminal: leave neither flwr nor the run
+                if sink:
+                    sink.write(f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} interrupted "
+                               f"({type(e).__name__}): the run is stopped\n")
+                    sink.flush()
                 proc.terminate()
                 try:  # Popen's exit waits without a limit for anything but a KeyboardInterrupt
                     proc.wait(timeout=10)
@@ -467,6 +471,7 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
 
 
 _STARTED = re.compile(r"Successfully started run (\d+)")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # flwr's and Ray's colour codes
 # flwr's simulation lines kept out of the console (a log file keeps them): a warning printed on
 # every start whatever num-supernodes is (we always set it; the next line says how many), its
 # advice to resize with `flwr federation` (ours is --num-clients), and each Ray actor's notice

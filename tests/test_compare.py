@@ -1030,7 +1030,7 @@ def test_flwr_simulation_noise_stays_out_of_the_console_but_in_the_log(tmp_path,
              "INFO :      To change federation size, use the following command:",
              "INFO :      \tflwr federation simulation-config @none/default <superlink> --num-supernodes <N>",
              "(ClientAppActor pid=7) WARNING :   Manually terminating ClientAppActor"]
-    lines = ["INFO :      Federation `@none/default` (2 simulated SuperNodes)", *noise,
+    lines = ["\x1b[92mINFO \x1b[0m:      Federation `@none/default` (2 simulated SuperNodes)", *noise,
              "INFO flowerbed: [round 1/1] acc 0.5"]
     code = (f"import json, pathlib\nfor s in {lines!r}: print(s)\n"
             f"pathlib.Path({str(tmp_path / 'p' / 'summary.json')!r}).write_text('{{}}')")
@@ -1048,10 +1048,38 @@ def test_flwr_simulation_noise_stays_out_of_the_console_but_in_the_log(tmp_path,
     assert "(2 simulated SuperNodes)" in shown and "[round 1/1]" in shown
     assert not any(n.split(":", 1)[1].strip() in shown for n in noise)
     assert all(n in (tmp_path / "p.log").read_text() for n in noise)
+    assert "\x1b[92mINFO" in shown and "\x1b" not in (tmp_path / "p.log").read_text()  # no colours in a file
     cmp.engine.flwr_run(tmp_path, "c", rc, {"num-supernodes": 2})  # no log file: the console only
     assert "Manually terminating" not in capsys.readouterr().out
     cmp.engine.flwr_run(tmp_path, "c", rc, None)  # a deployment: nothing of it is flwr's simulation
     assert "Manually terminating" in capsys.readouterr().out
+
+
+def test_an_interrupted_run_says_so_in_its_log(tmp_path, monkeypatch):
+    """From a deployment walk-through: after Ctrl-C a run's log ended at its last line of
+    output, with nothing saying the run had been stopped."""
+    import io
+    import subprocess
+    import sys
+
+    class Run(subprocess.Popen):  # a run that prints one line, then Ctrl-C while it goes on
+        def __init__(self, cmd, **kw):
+            super().__init__([sys.executable, "-c", "print('[ROUND 1/3]', flush=True); "
+                              "import time; time.sleep(30)"], stdout=kw["stdout"],
+                             stderr=kw["stderr"], text=True)
+
+    class Interrupting(io.TextIOBase):  # Ctrl-C arrives while the line is echoed
+        def write(self, s):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cmp.engine.subprocess, "Popen", Run)
+    monkeypatch.setattr(sys, "stdout", Interrupting())
+    with pytest.raises(KeyboardInterrupt):
+        cmp.engine.flwr_run(tmp_path, "c", {"output-dir": str(tmp_path), "run-name": "p"}, None,
+                            log_file=tmp_path / "p.log", tee=True)
+    log = (tmp_path / "p.log").read_text()
+    assert "[ROUND 1/3]" in log
+    assert log.rstrip().endswith("interrupted (KeyboardInterrupt): the run is stopped")
 
 
 @pytest.mark.parametrize("module, shown", [("ray._private.worker", False), ("ray.other", True)])

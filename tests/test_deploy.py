@@ -616,3 +616,17 @@ def test_stop_group_of_a_process_that_leads_no_group_spares_the_group():
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
+
+
+def test_each_start_of_a_deployment_process_is_headed_in_its_log(tmp_path):
+    """From a deployment walk-through: every `deploy up` appended to the same process logs with
+    nothing between one deployment's output and the next."""
+    import sys
+
+    log = tmp_path / "logs" / "supernode-0.log"
+    log.parent.mkdir()
+    for _ in range(2):
+        deploy.spawn([sys.executable, "-c", "print('output')"], log).wait()
+    lines = log.read_text().splitlines()
+    assert [ln.startswith("===== ") for ln in lines] == [True, False, True, False]
+    assert lines[1] == "output" and "-c" in lines[0]
