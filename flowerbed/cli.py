@@ -482,7 +482,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
               f"{', SuperNode auth' if dep.auth else ''}), {args.num_clients} SuperNodes; "
               f"logs in {dep.home / 'logs'}")
         at = "" if dep.home == deploy.DEFAULT_HOME else f" --home {dep.home}"
-        print(f"now: flowerbed deploy run{at} -c \"method='fedavg'\"   or   FLWR_HOME={dep.home} "
+        print(f"now: flowerbed deploy run{at} --method fedavg   or   FLWR_HOME={dep.home} "
               f"flwr run . {deploy.CONNECTION} --stream")
     elif args.action == "run":
         overrides, resumed_n = with_resume(args, _with_shortcuts(_overrides(args), args))
