@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from flowerbed import engine
-from flowerbed.config import PERSONAL_METHODS, reads
+from flowerbed.config import DISTILL_METHODS, PERSONAL_METHODS, SSL_METHODS, reads
 from flowerbed.results import (
     folder_in_use,
     md_table,
@@ -192,7 +192,8 @@ def _write_tables(out: Path, results: dict[str, dict[str, Any]], overrides: dict
     curves = {m: read_metrics(out / run_label(m)) for m, r in results.items() if "error" not in r}
     plot_comparison(curves, out, _title(overrides, num_clients),
                     [m for m, r in results.items() if "error" in r])
-    table = markdown_table(results, overrides, num_clients)
+    table = "\n".join([markdown_table(results, overrides, num_clients),
+                       *shared_settings(run_configs(out / run_label(m) for m in results))])
     (out / "table.md").write_text(table + "\n")
     log.info("compare: wrote %s", out)
     return table
@@ -283,12 +284,16 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
 
 
 CLIENT_ACC = "final-client-accuracy"
-ACC_NOTE = ("final acc: the server's measure (the test set; the linear probe for self-supervised "
-            f"methods; personalised accuracy for {', '.join(PERSONAL_METHODS)}; the last "
-            "time step's online accuracy for fedade). client "
-            "acc: every method on the clients' local test splits, with the model each client "
-            "uses (the global model for fedavg and the like, its own for the personalised "
-            "methods).")
+FINAL_NOTE = ("final acc: each method's own measure: the global model on the test set; for "
+              f"{', '.join(SSL_METHODS)} the linear probe of the frozen encoder; for "
+              f"{', '.join(DISTILL_METHODS)} the clients' ensemble on the test set; for "
+              f"{', '.join(PERSONAL_METHODS)} personalised accuracy (the clients' local test "
+              "splits); for fedade the last time step's online accuracy.")
+CLIENT_NOTE = ("client acc: every method on the clients' local test splits, with the model each "
+               "client uses (the global model for fedavg and the like, its own for the "
+               "personalised methods).")
+#: the methods whose final acc is not the global model on the test set: FINAL_NOTE says what
+OWN_MEASURES = {*SSL_METHODS, *DISTILL_METHODS, *PERSONAL_METHODS, "fedade"}
 STREAM_NOTE = ("mean online acc: a stream's result (Fed-ADE), the online accuracy averaged over "
                "the time steps; mean pre-update acc: the same, each step's batch scored before "
                "adapting to it.")
@@ -340,9 +345,12 @@ INITIAL_NOTE = ("initial acc: the initial model (round 0) by each method's own m
                 "self-supervised methods the random-init encoder's linear probe, their floor.")
 
 
-def notes(client: bool, stream: bool, initial: bool = False) -> list[str]:
-    """The notes under a table with an ``initial acc``, a ``client acc`` or a stream's columns."""
-    text = " ".join([INITIAL_NOTE] * initial + [ACC_NOTE] * client + [STREAM_NOTE] * stream)
+def notes(client: bool, stream: bool, initial: bool = False, methods: Any = ()) -> list[str]:
+    """The notes under a table with an ``initial acc``, a ``client acc`` or a stream's columns,
+    and what ``final acc`` measures where one of ``methods`` measures its own way."""
+    final = client or bool(OWN_MEASURES.intersection(methods))
+    text = " ".join([INITIAL_NOTE] * initial + [FINAL_NOTE] * final + [CLIENT_NOTE] * client
+                    + [STREAM_NOTE] * stream)
     return ["", text] if text else []
 
 
@@ -371,7 +379,9 @@ def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any]
     lines = [f"Same partitions and seed for every method{but}: {_title(overrides, n)}, "
              f"{_rounds(overrides)}.", "",
              *md_table(["method", *(h for h, _ in cols)], rows), *varied, *skipped_rounds(results)]
-    return "\n".join(lines + notes(client, stream, initial))
+    if failed := [f"{m}: {s['error']}" for m, s in results.items() if "error" in s]:
+        lines += ["", "Failed: " + "; ".join(failed)]  # the reason, as results.json has it
+    return "\n".join(lines + notes(client, stream, initial, (s.get("method") for s in results.values())))
 
 
 def plot_comparison(curves: dict[str, list[dict[str, Any]]], out: Path, title: str,
@@ -419,7 +429,9 @@ def _compare_seeds(methods: list[str], overrides: dict[str, Any], seeds: list[in
                for m in methods}
     runs = {m: [read_metrics(out / f"seed-{s}" / run_label(m)) for s in summary[m]["seeds-ok"]]
             for m in methods}
-    return write_seed_tables(out, summary, per_seed, runs, overrides, num_clients, seeds)
+    configs = run_configs(out / f"seed-{s}" / run_label(m) for s in seeds for m in methods)
+    return write_seed_tables(out, summary, per_seed, runs, overrides, num_clients, seeds,
+                             tuple(shared_settings(configs)))
 
 
 def write_seed_tables(out: Path, summary: dict[str, dict[str, Any]], per_seed: dict[int, Any],
@@ -513,7 +525,7 @@ def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n
              *exceptions(summary), *skipped_rounds({
                  f"{m} (seed {s})": {"rounds": st["rounds"][s], "rounds-aggregated": a}
                  for m, st in summary.items() for s, a in st.get("rounds-aggregated", {}).items()})]
-    return "\n".join(lines + notes(client, stream, initial))
+    return "\n".join(lines + notes(client, stream, initial, (m.split("@")[0] for m in summary)))
 
 
 #: what fixes the clients' data (and Fed-ADE's streams): runs that differ in one of these were
@@ -618,7 +630,7 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
     shared = _shared(configs)
     n = int(shared.get("num-partitions") or 0)
     table = "\n".join([markdown_table(results, shared, n, variants=False),
-                       *_differences(configs, labels),
+                       *shared_settings(configs.values()), *_differences(configs, labels),
                        "", "Runs: " + "; ".join(f"{labels[d]}: {d}" for d in runs) + "."])
     out = _table_folder(out, list(results))
     (out / "results.json").write_text(json.dumps(results, indent=2))
@@ -669,6 +681,26 @@ def _differences(configs: dict[Any, dict[str, Any]], labels: dict[Any, str],
         lines += ["", "The runs ran on different software: "
                   + "; ".join(f"{k}: {v}" for k, v in software.items()) + "."]
     return lines
+
+
+def shared_settings(configs: Any) -> list[str]:
+    """The line under a table naming the settings every run shares (among the runs whose method
+    reads them) that are not the defaults, beyond the data settings its header names."""
+    from flowerbed.config import defaults
+
+    default, shown = defaults(), []
+    for key in sorted(set(default) - BOOKKEEPING - set(SHARED_KEYS)):
+        values = {json.dumps(c[key]) for c in configs if key in c and reads(c.get("method"), key)}
+        if len(values) == 1 and (v := json.loads(values.pop())) != default[key]:
+            shown.append(f"{key} {_spec_value(v)}")
+    return ["", "Settings every run shares that are not the defaults: " + ", ".join(shown) + "."
+            ] if shown else []
+
+
+def run_configs(folders: Any) -> list[dict[str, Any]]:
+    """The config.json of each of ``folders`` that has one (a run that never started has none)."""
+    return [json.loads((d / "config.json").read_text()) for d in folders
+            if (d / "config.json").is_file()]
 
 
 def _table_over_seeds(runs: list[Path], configs: dict[Path, dict[str, Any]],
@@ -730,7 +762,8 @@ def _table_over_seeds(runs: list[Path], configs: dict[Path, dict[str, Any]],
     summary = {names[g]: seed_stats({s: per_seed[s][names[g]] for s in seeds}) for g in groups}
     shared = _shared(configs)
     n = int(shared.get("num-partitions") or 0)
-    extra = (*_differences({names[g]: {**c, "seed": None} for g, c in first.items()}, {},
+    extra = (*shared_settings(configs.values()),
+             *_differences({names[g]: {**c, "seed": None} for g, c in first.items()}, {},
                            {labels[d]: configs[d] for d in labels}),
              "", "Runs: " + "; ".join(f"{label}: {d}" for d, label in labels.items()) + ".")
     out = _table_folder(out, list(summary))

@@ -40,6 +40,7 @@ from flowerbed.engine import (
     flwr_env,
     flwr_run,
     free_port,
+    log_header,
     ours,
     port_open,
     start_time,
@@ -185,7 +186,7 @@ def spawn(cmd: list[str], log_path: Path, wrap: list[str] | None = None,
     log.info("$ %s", " ".join([*(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()),
                                shlex.join(full)]))  # quoted: it can be pasted into a shell
     with open(log_path, "ab") as out:  # each start's output under a header (logs outlive `down`)
-        out.write(f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(full)}\n".encode())
+        out.write(log_header(full).encode())
         out.flush()
         return subprocess.Popen(full, stdout=out, stderr=subprocess.STDOUT, cwd=PROJECT,
                                 env={**flwr_env(log_path.parent.parent), **(env or {})},

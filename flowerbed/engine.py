@@ -103,12 +103,19 @@ def _write_connection(home: Path, port: int) -> None:
         f'address = "127.0.0.1:{port}"\ninsecure = true\n')
 
 
+def log_header(cmd: list[str]) -> str:
+    """The line a log gets before each command's output is appended: its time and command."""
+    return f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n"
+
+
 def _start(home: Path, port: int, out) -> subprocess.Popen:
     """Start a simulation SuperLink writing to the open file ``out``; wait for its port."""
     home.mkdir(parents=True, exist_ok=True)
     _write_connection(home, port)
     cmd = [_bin("flower-superlink"), "--insecure", "--simulation",
            "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port)]
+    out.write(log_header(cmd).encode())  # several SuperLinks' output in one log: each headed
+    out.flush()
     proc = subprocess.Popen(cmd, env=flwr_env(home), stdout=out, stderr=subprocess.STDOUT,
                             cwd=PROJECT, start_new_session=True)
     try:
@@ -419,7 +426,7 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
     tail: collections.deque[str] = collections.deque(maxlen=300)  # for the failure's reason
     try:
         if sink:
-            sink.write(f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n")
+            sink.write(log_header(cmd))
             sink.flush()
         console = None if quiet else sys.stdout
         out = sink or console

@@ -449,7 +449,8 @@ def test_tables_name_runs_with_skipped_rounds():
                "rounds-aggregated": 5}, "old": {"rounds": 5}, "x": {"error": "boom"}}
     table = cmp.markdown_table(results, {"num-server-rounds": 5}, 2)
     assert "Rounds skipped (fewer than min-clients valid replies" in table
-    assert table.endswith("metrics.jsonl): fedavg (4 of 5).")
+    assert "metrics.jsonl): fedavg (4 of 5).\n" in table
+    assert table.endswith("\n\nFailed: x: boom")  # a failed row's reason (a review: named nowhere)
 
 
 def test_a_refused_run_keeps_the_finished_runs_summary_and_earlier_logs(tmp_path, monkeypatch):
@@ -791,7 +792,8 @@ def test_table_of_runs_made_separately(tmp_path, capsys, caplog):
     from inprocess import run_inprocess
 
     tiny = {"num-server-rounds": 1, "train-samples": 300, "test-samples": 100, "min-clients": 2,
-            "fraction-evaluate": 1.0, "local-test-fraction": 0.2, "output-dir": str(tmp_path)}
+            "fraction-evaluate": 1.0, "local-test-fraction": 0.2, "output-dir": str(tmp_path),
+            "batch-size": 16}
     for name, extra in [("fedavg", {}), ("prox-run", {"method": "fedprox", "lr": 0.05, "fedxds-lambda": 1.0,
                                                  "fault-crash-after": 5}),
                         ("other-seed", {"seed": 1})]:
@@ -806,6 +808,8 @@ def test_table_of_runs_made_separately(tmp_path, capsys, caplog):
     assert "differ between the runs: lr (fedavg: 0.01; prox-run (fedprox): 0.05)" in table
     assert "fedxds-lambda" not in table  # a FedXDS key: neither run reads it
     assert "fault-crash-after" not in table  # a crashed and resumed run equals an unbroken one
+    # from a review of the outputs: a shared non-default setting was named nowhere
+    assert "Settings every run shares that are not the defaults: batch-size 16." in table
     res = json.loads((out / "results.json").read_text())
     summary = json.loads((tmp_path / "fedavg" / "summary.json").read_text())
     assert res["fedavg"]["final-accuracy"] == summary["final-accuracy"]
@@ -1095,3 +1099,15 @@ def test_rays_gpu_tip_is_silenced_in_flwrs_processes_and_nothing_else(tmp_path, 
     err = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stderr
     assert ("Tip: In future versions of Ray" in err) == shown and "Invalid -W option" not in err
     assert cmp.engine.flwr_env(tmp_path)["PYTHONWARNINGS"].endswith(cmp.engine.RAY_GPU_TIP)
+
+
+def test_a_table_says_what_final_acc_measures_where_a_method_measures_its_own_way():
+    """From a review of the outputs: a table of fedsimclr and fedx never said its figures were
+    linear-probe accuracies (the note came only with a client acc column)."""
+    ssl = cmp.markdown_table({"fedx": {"method": "fedx", "final-accuracy": 0.5}}, {}, 2)
+    assert "for fedsimclr, fedbyol, fedu, fedx the linear probe of the frozen encoder" in ssl
+    assert "final acc:" not in cmp.markdown_table({"fedavg": {"method": "fedavg", "final-accuracy": 0.5}},
+                                                  {}, 2)
+    seeds = cmp.seeds_table({"fedcc@lr=0.1": {"final-accuracy": {0: 0.5}, "seeds-ok": [0],
+                                              "seeds-failed": [], "final-accuracy-mean": 0.5}}, {}, 2, [0])
+    assert "the clients' ensemble on the test set" in seeds

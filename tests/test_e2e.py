@@ -74,6 +74,8 @@ def test_plain_flwr_run_against_flowerbed_superlink(tmp_path):
         pid = engine.superlink_down(home=home)
     assert (tmp_path / "plain" / "summary.json").is_file()
     assert pid is not None and not engine._alive(pid)
+    # each SuperLink start appends under a header line (a review: 8 starts ran together)
+    assert (home / "superlink.log").read_text().startswith("===== ")
 
 
 def test_the_superlinks_of_killed_launchers_are_reaped(tmp_path, monkeypatch, caplog):
