@@ -449,7 +449,7 @@ def write_seed_tables(out: Path, summary: dict[str, dict[str, Any]], per_seed: d
         label = m if len(ok) in (0, len(seeds)) else f"{m} (seeds {', '.join(map(str, ok))})"
         curves[label] = mean_curve(rows)
     plot_comparison({m: c for m, c in curves.items() if c}, out,
-                    _title(overrides, n).rsplit(",", 1)[0] + f", mean of seeds {seeds}",
+                    _title(overrides, n).rsplit(",", 1)[0] + f", mean of seeds {seeds} (band: ± 1 std)",
                     [m for m, c in curves.items() if not c])
     table = "\n".join([seeds_table(summary, overrides, n, seeds), *extra])
     (out / "table.md").write_text(table + "\n")
@@ -477,14 +477,15 @@ def seed_stats(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
 def mean_curve(runs: list[list[dict[str, Any]]], keys: tuple[str, ...] = ("accuracy", "client-accuracy")
                ) -> list[dict[str, Any]]:
     """Rows of several runs -> one row per round with the mean of each of ``keys`` over the runs
-    that report it in that round."""
+    that report it in that round, and (``<key>-std``) their sample std where two or more do."""
     by_round: dict[int, dict[str, list[float]]] = {}
     for rows in runs:
         for r in rows:
             for k in keys:
                 if r.get(k) is not None:
                     by_round.setdefault(r["round"], {}).setdefault(k, []).append(r[k])
-    return [{"round": rnd, **{k: statistics.fmean(v) for k, v in vals.items()}}
+    return [{"round": rnd, **{k: statistics.fmean(v) for k, v in vals.items()},
+             **{f"{k}-std": statistics.stdev(v) for k, v in vals.items() if len(v) > 1}}
             for rnd, vals in sorted(by_round.items())]
 
 

@@ -64,6 +64,7 @@ class RunDir:
         """
         self.path = Path(output_dir).expanduser().resolve() / run_name
         self.metrics_path = self.path / "metrics.jsonl"
+        self.config = config  # its plot says what ran
         self.rows: list[dict[str, Any]] = []
         self._writer = contextlib.ExitStack()  # this ServerApp's, until close()
         if resume_round is None:
@@ -146,11 +147,12 @@ class RunDir:
             if any(r.get("pre-accuracy") is not None for r in self.rows):  # a stream: Fed-ADE
                 online, pre = time_step_curves(self.rows)
                 plot_curves({"online accuracy": online, "predict-then-update": pre},
-                            self.path / "accuracy.png", title=self.path.name,
+                            self.path / "accuracy.png", title=run_title(self.path.name, self.config),
                             xlabel="time step", ylabel="accuracy (all clients' batches)")
             else:
                 plot_curves({self.path.name: self.rows}, self.path / "accuracy.png",
-                            title=self.path.name)
+                            title=run_title(self.path.name, self.config),
+                            ylabel=measure(self.config.get("method")))
         except Exception as e:  # noqa: BLE001 - a plot must never lose a finished run
             log.warning("could not plot accuracy: %s", e)
         return summary
@@ -335,12 +337,35 @@ def time_step(row: dict[str, Any]) -> int | None:
     return None if t is None else round(t)
 
 
+def run_title(name: str, config: dict[str, Any]) -> str:
+    """A run's plot title: its folder, and what ran (method, data, split, clients, seed)."""
+    c = config
+    stream = (f", {c.get('fedade-shift')} shift, {c.get('fedade-schedule')} schedule"
+              if c.get("method") == "fedade" else "")
+    return (f"{name}: {c.get('method')} on {c.get('dataset')}, {c.get('partition')}, "
+            f"{c.get('num-partitions')} clients, seed {c.get('seed')}{stream}")
+
+
+def measure(method: Any) -> str:
+    """What a run's ``accuracy`` is, by its method (the y-axis of its plot)."""
+    from flowerbed.config import DISTILL_METHODS, PERSONAL_METHODS, SSL_METHODS
+
+    if method in SSL_METHODS:
+        return "linear-probe accuracy (test set)"
+    if method in DISTILL_METHODS:
+        return "ensemble accuracy (test set)"
+    if method in PERSONAL_METHODS:
+        return "personalised accuracy (local test splits)"
+    return "accuracy (test set)"
+
+
 def plot_curves(curves: dict[str, list[dict[str, Any]]], out: Path, title: str = "",
                 key: str = "accuracy", xlabel: str = "round", ylabel: str | None = None,
                 note: str = "") -> Path:
     """One line per run of ``key`` (accuracy by default: each run's own measure) against the rows' ``round``
     (which a caller may fill with another index, e.g. Fed-ADE's time step, named by ``xlabel``);
-    ``note`` goes under the axes (e.g. the runs that failed and are not drawn)."""
+    ``note`` goes under the axes (e.g. the runs that failed and are not drawn); rows with a
+    ``<key>-std`` (a mean over seeds) get a band of ± one std."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -351,7 +376,11 @@ def plot_curves(curves: dict[str, list[dict[str, Any]]], out: Path, title: str =
     for name, rows in curves.items():
         pts = [(r["round"], r[key]) for r in rows if r.get(key) is not None]
         if pts:
-            ax.plot(*zip(*pts, strict=True), marker="o", markersize=3, label=name)
+            line, = ax.plot(*zip(*pts, strict=True), marker="o", markersize=3, label=name)
+            band = [(r["round"], r[key] - r[f"{key}-std"], r[key] + r[f"{key}-std"])
+                    for r in rows if r.get(key) is not None and r.get(f"{key}-std") is not None]
+            if band:  # a mean over seeds: ± one std
+                ax.fill_between(*zip(*band, strict=True), color=line.get_color(), alpha=0.15)
     ax.set_xlabel(xlabel)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds, not 1.2, 1.4, ...
     # "accuracy", not "test accuracy": personalised methods plot their clients' local test splits

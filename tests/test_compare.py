@@ -127,11 +127,13 @@ def test_compare_seeds_runs_every_seed_and_averages(tmp_path, fake_engine):
                           out=tmp_path, resume=True)  # refused before anything runs
     assert len(seen) == 5
     curve = cmp.mean_curve([[{"round": 1, "accuracy": 0.8}], [{"round": 1, "accuracy": 0.84}]])
-    assert curve == [{"round": 1, "accuracy": pytest.approx(0.82)}]
+    assert curve == [{"round": 1, "accuracy": pytest.approx(0.82),  # the std: the plot's band
+                      "accuracy-std": pytest.approx(0.04 / 2 ** 0.5)}]
     curve = cmp.mean_curve([[{"round": 0, "accuracy": 0.1}, {"round": 1, "client-accuracy": 0.5}],
                             [{"round": 1, "accuracy": 0.8, "client-accuracy": 0.7}]])
     assert curve == [{"round": 0, "accuracy": 0.1},  # each key over the runs that have it
-                     {"round": 1, "accuracy": 0.8, "client-accuracy": pytest.approx(0.6)}]
+                     {"round": 1, "accuracy": 0.8, "client-accuracy": pytest.approx(0.6),
+                      "client-accuracy-std": pytest.approx(0.2 / 2 ** 0.5)}]
 
 
 def test_comparison_plots_name_failed_runs_and_add_client_accuracy(tmp_path, monkeypatch):
@@ -1111,3 +1113,21 @@ def test_a_table_says_what_final_acc_measures_where_a_method_measures_its_own_wa
     seeds = cmp.seeds_table({"fedcc@lr=0.1": {"final-accuracy": {0: 0.5}, "seeds-ok": [0],
                                               "seeds-failed": [], "final-accuracy-mean": 0.5}}, {}, 2, [0])
     assert "the clients' ensemble on the test set" in seeds
+
+
+def test_a_runs_own_plot_says_what_ran_and_what_it_measures(tmp_path, monkeypatch):
+    """From a review of the outputs: a run's accuracy.png was titled by its folder name alone,
+    its y-axis 'accuracy' whether that was the test set, a linear probe or personalised."""
+    from flowerbed import results
+
+    drawn = []
+    monkeypatch.setattr(results, "plot_curves", lambda curves, out, **kw: drawn.append(kw))
+    cfg = {"method": "fedx", "dataset": "fashion-mnist", "partition": "dirichlet:0.5",
+           "num-partitions": 10, "seed": 1}
+    with results.RunDir(str(tmp_path), "r", cfg) as run:
+        run.log_round({"round": 1, "accuracy": 0.5})
+        run.finish({})
+    assert drawn[-1]["title"] == "r: fedx on fashion-mnist, dirichlet:0.5, 10 clients, seed 1"
+    assert drawn[-1]["ylabel"] == "linear-probe accuracy (test set)"
+    assert results.measure("fedfew").startswith("personalised") and results.measure("fedcc").startswith(
+        "ensemble") and results.measure("fedavg") == "accuracy (test set)"
