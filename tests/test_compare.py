@@ -1131,3 +1131,12 @@ def test_a_runs_own_plot_says_what_ran_and_what_it_measures(tmp_path, monkeypatc
     assert drawn[-1]["ylabel"] == "linear-probe accuracy (test set)"
     assert results.measure("fedfew").startswith("personalised") and results.measure("fedcc").startswith(
         "ensemble") and results.measure("fedavg") == "accuracy (test set)"
+
+
+def test_plots_keep_a_readable_y_span():
+    """From a review of the outputs: Fed-ADE's two curves, 0.733 to 0.740, filled the whole plot
+    (a 0.7-point change looked like a large one), one hiding the other."""
+    from flowerbed.results import min_span
+
+    assert min_span(0.733, 0.740, 0.05) == pytest.approx((0.7115, 0.7615))
+    assert min_span(0.1, 0.9, 0.05) == (0.1, 0.9)
