@@ -459,8 +459,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             raise ConfigError("--data-dirs", args.data_dirs, "no such folder (make it with "
                               "`flowerbed deploy export-data --out <folder>`)")
         if args.data_dirs:  # one SuperNode per exported client folder, client-0 ... client-<n-1>
-            ids = sorted(int(d.name[7:]) for d in Path(args.data_dirs).glob("client-*")
-                         if d.is_dir() and d.name[7:].isdigit())
+            from flowerbed.datasets.federated import client_folders
+
+            ids = [int(d.name[7:]) for d in client_folders(Path(args.data_dirs))]
             if not ids or ids != list(range(len(ids))) or args.num_clients not in (None, len(ids)):
                 raise ConfigError("--num-clients", args.num_clients, f"{args.data_dirs} holds client "
                                   f"folders {ids or 'none'}; start one SuperNode per folder, "
@@ -481,9 +482,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         print(f"SuperLink on {dep.address} ({'insecure' if dep.insecure else 'TLS'}"
               f"{', SuperNode auth' if dep.auth else ''}), {args.num_clients} SuperNodes; "
               f"logs in {dep.home / 'logs'}")
-        at = "" if dep.home == deploy.DEFAULT_HOME else f" --home {dep.home}"
-        print(f"now: flowerbed deploy run{at} --method fedavg   or   FLWR_HOME={dep.home} "
-              f"flwr run . {deploy.CONNECTION} --stream")
+        print(f"now: flowerbed deploy run{deploy.home_option(dep.home)} --method fedavg   or   "
+              f"FLWR_HOME={dep.home} flwr run . {deploy.CONNECTION} --stream")
     elif args.action == "run":
         overrides, resumed_n = with_resume(args, _with_shortcuts(_overrides(args), args))
         dep = deploy.Deployment.load(home)

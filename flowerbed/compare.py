@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from flowerbed import engine
-from flowerbed.config import DISTILL_METHODS, PERSONAL_METHODS, SSL_METHODS, reads
+from flowerbed.config import (
+    DISTILL_METHODS,
+    PERSONAL_METHODS,
+    SSL_METHODS,
+    Config,
+    ConfigError,
+    defaults,
+    parse_overrides,
+    reads,
+)
 from flowerbed.results import (
     folder_in_use,
     md_table,
@@ -31,8 +40,6 @@ def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
 
     E.g. ``fedx@fedx-base='byol'`` runs FedX over BYOL; the label names its run directory.
     """
-    from flowerbed.config import parse_overrides
-
     method, *pairs = spec.split("@")
     extra = parse_overrides([" ".join(pairs)], f"--methods {spec}") if pairs else {}
     return spec, {"method": method.strip(), **extra}
@@ -52,8 +59,6 @@ def run_label(spec: str) -> str:
 def check_labels(methods: list[str], seeds: list[int] | None = None) -> None:
     """Each spec once, no two specs sharing a run directory, and no ``@seed=`` variant in a
     comparison over ``seeds`` (each seed would rerun its one seed)."""
-    from flowerbed.config import ConfigError
-
     if not methods:
         raise ConfigError("--methods", "", "name at least one method, e.g. --methods fedavg,fedprox")
     seen: dict[str, str] = {}
@@ -81,8 +86,6 @@ def check_out(out: Path, resume: bool, seeds: list[int] | None) -> None:
     """Refuse an ``--out`` that a comparison would damage or misread, before anything runs: a
     run's own folder; with ``--resume``, a folder with nothing to continue, or one made with
     --seeds resumed without them (or the other way round: its tables would be set aside)."""
-    from flowerbed.config import ConfigError
-
     if (out / "config.json").exists():
         raise ConfigError("--out", str(out), "this is a run's folder, not a comparison's: give "
                           "a new folder or an earlier comparison's")
@@ -151,8 +154,6 @@ def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
 def _run_plan(out: Path, plan: dict[str, tuple[dict[str, Any], str]],
               results: dict[str, dict[str, Any]], fed: dict[str, Any], nothing_to_run: bool) -> None:
     """Each planned run in order (kept, resumed or fresh), its summary into ``results``."""
-    from flowerbed.config import ConfigError
-
     with (contextlib.nullcontext((None, None)) if nothing_to_run  # no SuperLink to start
           else engine.local_superlink()) as (home, conn):
         for m in plan:
@@ -242,8 +243,6 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
     ``resume`` it (stopped, or finished with fewer rounds than asked), or start it ``fresh``
     (none there). An earlier run with another config is a ConfigError naming the keys."""
     from flowerbed.checkpoint import FILE, RESUMABLE_CHANGES, config_changes, finished_rounds
-    from flowerbed.config import Config, ConfigError
-
     done, stopped = finished_rounds(run_dir), (run_dir / FILE).exists()
     if (done is None and not stopped) or not (run_dir / "config.json").exists():
         return "fresh"
@@ -542,8 +541,6 @@ BOOKKEEPING = {"run-name", "output-dir", "resume", "data-root", "client-state-di
 def run_folders(paths: list[Path]) -> list[Path]:
     """Each path that holds a run (its ``config.json``), or, for a folder that holds none (a
     comparison, ``runs/``), the run folders directly under it."""
-    from flowerbed.config import ConfigError
-
     found: list[Path] = []
     for p in paths:
         p = p.expanduser().resolve()
@@ -598,8 +595,6 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
     are a table over seeds, as ``compare --seeds`` writes it (every method on the same seeds).
     A run without ``summary.json`` did not finish: its row says failed. Returns the markdown
     table and the folder written."""
-    from flowerbed.config import ConfigError, defaults
-
     runs = run_folders(paths)
     if out is not None and any(out.resolve() == d or d in out.resolve().parents for d in runs):
         raise ConfigError("--out", str(out), "is one of the runs, or inside one: its own files "
@@ -646,10 +641,14 @@ def _values(configs: dict[Any, dict[str, Any]], labels: dict[Any, str], key: str
                      if reads(c.get("method"), key))
 
 
+def _read_values(configs: Any, key: str) -> set[str]:
+    """The values (as JSON) of ``key`` among ``configs`` that have it and whose method reads it."""
+    return {json.dumps(c[key]) for c in configs if key in c and reads(c.get("method"), key)}
+
+
 def _differs(configs: dict[Any, dict[str, Any]], key: str) -> bool:
     """Whether ``key`` differs among the runs that have it and whose method reads it."""
-    return len({json.dumps(c[key]) for c in configs.values()
-                if key in c and reads(c.get("method"), key)}) > 1
+    return len(_read_values(configs.values(), key)) > 1
 
 
 def _spec_value(v: Any) -> str:
@@ -668,8 +667,6 @@ def _differences(configs: dict[Any, dict[str, Any]], labels: dict[Any, str],
                  runs: dict[Any, dict[str, Any]] | None = None) -> list[str]:
     """The lines under a table naming the other settings that differ between ``configs`` (rows)
     and the software that differs between ``runs`` (default: the same)."""
-    from flowerbed.config import defaults
-
     lines = []
     if differ := sorted(k for k in set(defaults()) - BOOKKEEPING if _differs(configs, k)):
         shown = [f"{k} ({_values(configs, labels, k)})" for k in differ[:8]]
@@ -687,11 +684,9 @@ def _differences(configs: dict[Any, dict[str, Any]], labels: dict[Any, str],
 def shared_settings(configs: Any) -> list[str]:
     """The line under a table naming the settings every run shares (among the runs whose method
     reads them) that are not the defaults, beyond the data settings its header names."""
-    from flowerbed.config import defaults
-
     default, shown = defaults(), []
     for key in sorted(set(default) - BOOKKEEPING - set(SHARED_KEYS)):
-        values = {json.dumps(c[key]) for c in configs if key in c and reads(c.get("method"), key)}
+        values = _read_values(configs, key)
         if len(values) == 1 and (v := json.loads(values.pop())) != default[key]:
             shown.append(f"{key} {_spec_value(v)}")
     return ["", "Settings every run shares that are not the defaults: " + ", ".join(shown) + "."
@@ -708,8 +703,6 @@ def _table_over_seeds(runs: list[Path], configs: dict[Path, dict[str, Any]],
                       out: Path | None) -> tuple[str, Path]:
     """:func:`table_of_runs` for runs that differ in their seed: the runs of one method and
     settings are one row, mean ± std over its seeds, as ``compare --seeds`` writes it."""
-    from flowerbed.config import ConfigError, defaults
-
     for d, c in configs.items():
         if isinstance(c.get("seed"), bool) or not isinstance(c.get("seed"), int):
             raise ConfigError("RUN_DIR", str(d), f"its config.json has no integer seed ({c.get('seed')!r})")

@@ -178,6 +178,11 @@ def supernode_cmd(dep: Deployment, partition_id: int, num_partitions: int, port:
     return cmd
 
 
+def home_option(home: Path) -> str:
+    """`` --home <home>`` for a command the user is told to run, or nothing for the default."""
+    return "" if home == DEFAULT_HOME else f" --home {home}"
+
+
 def spawn(cmd: list[str], log_path: Path, wrap: list[str] | None = None,
           env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start a process in its own session (so it and its children stop together), with ``env``
@@ -186,7 +191,7 @@ def spawn(cmd: list[str], log_path: Path, wrap: list[str] | None = None,
     log.info("$ %s", " ".join([*(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()),
                                shlex.join(full)]))  # quoted: it can be pasted into a shell
     with open(log_path, "ab") as out:  # each start's output under a header (logs outlive `down`)
-        out.write(log_header(full).encode())
+        out.write(log_header(shlex.join(full)).encode())
         out.flush()
         return subprocess.Popen(full, stdout=out, stderr=subprocess.STDOUT, cwd=PROJECT,
                                 env={**flwr_env(log_path.parent.parent), **(env or {})},
@@ -294,9 +299,8 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
         raise DeployError(f"num-nodes must be >= 1, got {num_nodes}")
     old = dep.home / "pids.json"
     if old.exists() and any(map((earlier := Deployment.load(dep.home)).ours, earlier.pids)):
-        at = "" if dep.home == DEFAULT_HOME else f" --home {dep.home}"
         raise DeployError(f"a deployment from {dep.home} is still running; stop it first with "
-                          f"`flowerbed deploy down{at}`")
+                          f"`flowerbed deploy down{home_option(dep.home)}`")
     dep.home.mkdir(parents=True, exist_ok=True)
     sl_host, port_text = dep.address.rsplit(":", 1)
     sl_host, port = sl_host.strip("[]"), int(port_text)

@@ -103,9 +103,10 @@ def _write_connection(home: Path, port: int) -> None:
         f'address = "127.0.0.1:{port}"\ninsecure = true\n')
 
 
-def log_header(cmd: list[str]) -> str:
-    """The line a log gets before each command's output is appended: its time and command."""
-    return f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n"
+def log_header(what: str) -> str:
+    """The line a log gets before each command's output is appended (``what``: the command),
+    or where the output stops: its time and what."""
+    return f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} {what}\n"
 
 
 def _start(home: Path, port: int, out) -> subprocess.Popen:
@@ -114,7 +115,7 @@ def _start(home: Path, port: int, out) -> subprocess.Popen:
     _write_connection(home, port)
     cmd = [_bin("flower-superlink"), "--insecure", "--simulation",
            "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port)]
-    out.write(log_header(cmd).encode())  # several SuperLinks' output in one log: each headed
+    out.write(log_header(shlex.join(cmd)).encode())  # several SuperLinks' output in one log: each headed
     out.flush()
     proc = subprocess.Popen(cmd, env=flwr_env(home), stdout=out, stderr=subprocess.STDOUT,
                             cwd=PROJECT, start_new_session=True)
@@ -426,7 +427,7 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
     tail: collections.deque[str] = collections.deque(maxlen=300)  # for the failure's reason
     try:
         if sink:
-            sink.write(log_header(cmd))
+            sink.write(log_header(shlex.join(cmd)))
             sink.flush()
         console = None if quiet else sys.stdout
         out = sink or console
@@ -456,8 +457,7 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
                         echo = progress = None
             except BaseException as e:  # Ctrl-C or a broken terminal: leave neither flwr nor the run
                 if sink:
-                    sink.write(f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} interrupted "
-                               f"({type(e).__name__}): the run is stopped\n")
+                    sink.write(log_header(f"interrupted ({type(e).__name__}): the run is stopped"))
                     sink.flush()
                 proc.terminate()
                 try:  # Popen's exit waits without a limit for anything but a KeyboardInterrupt
