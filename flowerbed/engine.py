@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from flowerbed.tracebacks import ANSI, Folder
+
 log = logging.getLogger("flowerbed")
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -431,7 +433,8 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
             sink.flush()
         console = None if quiet else sys.stdout
         out = sink or console
-        echo = console if sink and tee else None  # the console too, every line
+        echo = console if sink and tee else None  # the console too, every line but tracebacks
+        fold = Folder(log_file) if echo else None  # (one line each; the log file keeps them)
         progress = console if sink and not tee else None  # a logged run's progress, one line a round
         with subprocess.Popen(cmd, env=flwr_env(home), cwd=PROJECT, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
@@ -447,7 +450,7 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
                         out.flush()
                     try:  # a closed console (| head) does not stop a logged run
                         if echo and shown:
-                            echo.write(line)
+                            echo.writelines(fold.feed(line))
                             echo.flush()
                         if progress and PROGRESS in line:  # "<run-name> [round r/n] acc ..."
                             at = line.index(PROGRESS) + len(PROGRESS) - len("[round ")
@@ -455,6 +458,10 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
                             progress.flush()
                     except OSError:
                         echo = progress = None
+                if echo:  # a traceback the output ended in
+                    with contextlib.suppress(OSError):
+                        echo.writelines(fold.flush())
+                        echo.flush()
             except BaseException as e:  # Ctrl-C or a broken terminal: leave neither flwr nor the run
                 if sink:
                     sink.write(log_header(f"interrupted ({type(e).__name__}): the run is stopped"))
@@ -478,7 +485,6 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
 
 
 _STARTED = re.compile(r"Successfully started run (\d+)")
-ANSI = re.compile(r"\x1b\[[0-9;]*m")  # flwr's and Ray's colour codes
 # flwr's simulation lines kept out of the console (a log file keeps them): a warning printed on
 # every start whatever num-supernodes is (we always set it; the next line says how many), its
 # advice to resize with `flwr federation` (ours is --num-clients), and each Ray actor's notice
