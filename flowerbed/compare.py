@@ -378,9 +378,13 @@ def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any]
     lines = [f"Same partitions and seed for every method{but}: {_title(overrides, n)}, "
              f"{_rounds(overrides)}.", "",
              *md_table(["method", *(h for h, _ in cols)], rows), *varied, *skipped_rounds(results)]
-    if failed := [f"{m}: {s['error']}" for m, s in results.items() if "error" in s]:
-        lines += ["", "Failed: " + "; ".join(failed)]  # the reason, as results.json has it
+    lines += failed_reasons({m: s["error"] for m, s in results.items() if "error" in s})
     return "\n".join(lines + notes(client, stream, initial, (s.get("method") for s in results.values())))
+
+
+def failed_reasons(errors: dict[str, str]) -> list[str]:
+    """The line under a table naming each failed run's reason, as results.json has it."""
+    return ["", "Failed: " + "; ".join(f"{m}: {e}" for m, e in errors.items())] if errors else []
 
 
 def plot_comparison(curves: dict[str, list[dict[str, Any]]], out: Path, title: str,
@@ -460,7 +464,8 @@ def seed_stats(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """One method's runs over seeds -> per-seed values, mean and sample std of its accuracies
     (failed seeds are listed and left out of the mean)."""
     ok = {s: r for s, r in by_seed.items() if "error" not in r}
-    stats: dict[str, Any] = {"seeds-ok": sorted(ok), "seeds-failed": sorted(set(by_seed) - set(ok))}
+    stats: dict[str, Any] = {"seeds-ok": sorted(ok), "seeds-failed": sorted(set(by_seed) - set(ok)),
+                             "seed-errors": {s: r["error"] for s, r in by_seed.items() if s not in ok}}
     for key in ("final-accuracy", "best-accuracy", "initial-accuracy", CLIENT_ACC,
                 "mean-accuracy", "mean-pre-accuracy"):
         vals = {s: r.get(key) for s, r in ok.items()}
@@ -524,7 +529,9 @@ def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n
                        [[m, *(cell(st) for _, cell in cols)] for m, st in summary.items()]),
              *exceptions(summary), *skipped_rounds({
                  f"{m} (seed {s})": {"rounds": st["rounds"][s], "rounds-aggregated": a}
-                 for m, st in summary.items() for s, a in st.get("rounds-aggregated", {}).items()})]
+                 for m, st in summary.items() for s, a in st.get("rounds-aggregated", {}).items()}),
+             *failed_reasons({f"{m} (seed {s})": e for m, st in summary.items()
+                              for s, e in st.get("seed-errors", {}).items()})]
     return "\n".join(lines + notes(client, stream, initial, (m.split("@")[0] for m in summary)))
 
 

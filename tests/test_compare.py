@@ -114,6 +114,7 @@ def test_compare_seeds_runs_every_seed_and_averages(tmp_path, fake_engine):
     assert "| method | initial acc % | final acc % | per seed |" in table and "their floor" in table
     assert "| fedavg | 10.00 ± 0.00 | 82.00 ± 2.83 | 80.00 (s0), 84.00 (s1) | 82.00 ± 2.83 | 0 | - |" in table
     assert "| fedprox | 10.00 | 70.00 | 70.00 (s0) | 70.00 | 0 | seed 1 |" in table
+    assert "Failed: fedprox (seed 1): the ServerApp failed" in table  # the reason, not only "seed 1"
     assert "| fedavg | 10.00 | 84.00 |" in (tmp_path / "seed-1" / "table.md").read_text()
     assert (tmp_path / "table.md").read_text().strip() == table
     assert (tmp_path / "accuracy.png").stat().st_size > 1000
