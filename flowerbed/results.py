@@ -364,6 +364,8 @@ def measure(method: Any) -> str:
         return "ensemble accuracy (test set)"
     if method in PERSONAL_METHODS:
         return "personalised accuracy (local test splits)"
+    if method == "fedade":
+        return "online accuracy (the clients' stream batches)"
     return "accuracy (test set)"
 
 

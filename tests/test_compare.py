@@ -1132,6 +1132,7 @@ def test_a_runs_own_plot_says_what_ran_and_what_it_measures(tmp_path, monkeypatc
     assert drawn[-1]["ylabel"] == "linear-probe accuracy (test set)"
     assert results.measure("fedfew").startswith("personalised") and results.measure("fedcc").startswith(
         "ensemble") and results.measure("fedavg") == "accuracy (test set)"
+    assert results.measure("fedade").startswith("online accuracy")
 
 
 def test_plots_keep_a_readable_y_span():

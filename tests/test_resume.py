@@ -103,12 +103,15 @@ def keys_read(m: pytest.MonkeyPatch) -> set[str]:
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_killed_and_resumed_equals_uninterrupted(tmp_path, method, monkeypatch):
+def test_killed_and_resumed_equals_uninterrupted(tmp_path, method, monkeypatch, caplog):
     """Crash right after round 1's checkpoint, resume: the same metrics as a run that never
     stopped (server state from the checkpoint, client state from the clients' filed state)."""
+    from flowerbed.results import measure
+
     with monkeypatch.context() as m:
         read = keys_read(m)
         full = run_inprocess(config(tmp_path, method, "full"), 3)
+    assert f"clients, server device cpu | acc: {measure(method)}\n" in caplog.text  # what "acc" is
     # a table compares a key only among the methods config.KEY_READERS says read it
     assert not [k for k in read if not config_module.reads(method, k)], "add them to config.KEY_READERS"
     with pytest.raises(faults.SimulatedCrash):

@@ -19,7 +19,15 @@ from flowerbed.config import DISTILL_METHODS, SSL_METHODS, Config, ConfigError, 
 from flowerbed.datasets.federated import client_partitions, full_train, test_set, train_set
 from flowerbed.datasets.partition import warn_unheld
 from flowerbed.registry import METHODS
-from flowerbed.results import RunDir, make_folder, new_folder, refuse_existing, software, writable_folder
+from flowerbed.results import (
+    RunDir,
+    make_folder,
+    measure,
+    new_folder,
+    refuse_existing,
+    software,
+    writable_folder,
+)
 from flowerbed.strategies.base import WHOAMI, cast_like
 from flowerbed.training import pick_device
 
@@ -151,8 +159,9 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
                 resume_round=ckpt["round"] if ckpt else None) as run_dir:  # this ServerApp's till it ends
         strategy.run_key = client_state.run_key(run_dir.path, run_dir.run_id)
         warn_unused_data(cfg, test)
-        log.info("run directory: %s | %s on %s, %s, %d clients, server device %s", run_dir.path,
-                 cfg.method, cfg.dataset, cfg.partition, num_partitions, device)
+        log.info("run directory: %s | %s on %s, %s, %d clients, server device %s | acc: %s",
+                 run_dir.path, cfg.method, cfg.dataset, cfg.partition, num_partitions, device,
+                 measure(cfg.method))  # what each round's "acc" is
 
         last = {"t": time.time()}
         # best over trained rounds: round 0 (the initial model; for the self-supervised methods the
