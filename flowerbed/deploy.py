@@ -301,29 +301,31 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
     if old.exists() and any(map((earlier := Deployment.load(dep.home)).ours, earlier.pids)):
         raise DeployError(f"a deployment from {dep.home} is still running; stop it first with "
                           f"`flowerbed deploy down{home_option(dep.home)}`")
-    dep.home.mkdir(parents=True, exist_ok=True)
     sl_host, port_text = dep.address.rsplit(":", 1)
     sl_host, port = sl_host.strip("[]"), int(port_text)
     # the SuperLink's own ServerApp executor connects to the bound interface: name it too
     bound = [] if host in WILDCARD or host == sl_host else [host]
     wanted = list(dict.fromkeys([sl_host, *bound, *(cert_hosts or [])]))
-    if not dep.insecure and not (dep.certs / certs.SERVER_CERT).exists():
-        certs.make_certs(dep.certs, [*certs.DEFAULT_HOSTS, *wanted])
-    elif not dep.insecure and (missing := certs.unnamed(dep.certs / certs.SERVER_CERT, wanted)):
-        raise DeployError(f"the SuperLink certificate {dep.certs / certs.SERVER_CERT} (made by an "
-                          f"earlier `up`) does not name {', '.join(missing)}; make new ones with "
-                          f"`flowerbed deploy certs --force --home {dep.home} "
-                          + " ".join(f"--host {h}" for h in wanted) + "` (then give the "
-                          "SuperNodes the new ca.crt)")
-    if not dep.insecure and (end := certs.expires(dep.certs / certs.SERVER_CERT)) < dt.datetime.now(dt.UTC):
-        raise DeployError(f"the SuperLink certificate {dep.certs / certs.SERVER_CERT} expired on "
-                          f"{end:%Y-%m-%d}; make new ones with `flowerbed deploy certs --force --home "
-                          f"{dep.home}` (then give the SuperNodes the new ca.crt)")
+    server_cert = dep.certs / certs.SERVER_CERT
+    if not dep.insecure and server_cert.exists():  # an earlier `up`'s
+        if missing := certs.unnamed(server_cert, wanted):
+            raise DeployError(f"the SuperLink certificate {server_cert} (made by an earlier `up`) "
+                              f"does not name {', '.join(missing)}; make new ones with `flowerbed "
+                              f"deploy certs --force --home {dep.home} "
+                              + " ".join(f"--host {h}" for h in wanted) + "` (then give the "
+                              "SuperNodes the new ca.crt)")
+        if (end := certs.expires(server_cert)) < dt.datetime.now(dt.UTC):
+            raise DeployError(f"the SuperLink certificate {server_cert} expired on {end:%Y-%m-%d}; "
+                              f"make new ones with `flowerbed deploy certs --force --home {dep.home}` "
+                              "(then give the SuperNodes the new ca.crt)")
     probe = WILDCARD.get(host, host)
-    if port_open(probe, port) or (sl_host != probe and port_open(sl_host, port)):
+    if answered := next((h for h in dict.fromkeys([probe, sl_host]) if port_open(h, port)), None):
         # the other process's listener would answer for ours, and our SuperNodes join its federation
-        raise DeployError(f"port {port} is in use on {probe} (another SuperLink or deployment?); "
+        raise DeployError(f"port {port} is in use on {answered} (another SuperLink or deployment?); "
                           "stop it or pick another with --port")
+    dep.home.mkdir(parents=True, exist_ok=True)  # (a refused `up` leaves no new home behind)
+    if not dep.insecure and not server_cert.exists():
+        certs.make_certs(dep.certs, [*certs.DEFAULT_HOSTS, *wanted])
     dep.write_connection()
     dep.pids = {}
     try:

@@ -485,7 +485,11 @@ def test_up_refuses_a_port_in_use_before_starting_anything(tmp_path):
         dep = deploy.Deployment(home=tmp_path, address=f"127.0.0.1:{port}", insecure=True)
         with pytest.raises(deploy.DeployError, match=f"port {port} is in use"):
             deploy.up(dep, 1)
+        new = deploy.Deployment(home=tmp_path / "new", address=f"127.0.0.1:{port}")  # with TLS
+        with pytest.raises(deploy.DeployError, match=f"port {port} is in use"):
+            deploy.up(new, 1)
     assert not (tmp_path / "pids.json").exists()  # nothing was started
+    assert not (tmp_path / "new").exists()  # nor a new home made (with certificates in it)
 
 
 def test_the_superlink_listens_where_its_address_points():
