@@ -733,12 +733,19 @@ def test_time_step_curves_put_both_accuracies_at_their_step():
     assert pre == [{"round": 1, "accuracy": 0.5}, {"round": 2, "accuracy": 0.55}]
 
 
-def test_failure_reasons_lose_flowers_trailing_repr_mark():
+def test_failure_reasons_are_one_readable_line():
+    """Flower's reason is str(type) + the message: under the simulation engine Ray's wrapper,
+    whose message ends in the original's; from a deployed ClientApp the original itself."""
     from flowerbed.strategies.base import short_reason
 
     reason = ("Traceback ...\n\nException ClientAppException occurred. Message: injected fault: "
               "partition 1 raises in round 1'>")
     assert short_reason(reason).endswith("raises in round 1")
+    simulated = ("<class 'flwr.clientapp.client_app.ClientAppException'>:<'\nException "
+                 "ClientAppException occurred. Message: injected fault: partition 0 raises in round 1'>")
+    assert short_reason(simulated) == "injected fault: partition 0 raises in round 1"
+    deployed = "<class 'flowerbed.faults.InjectedFault'>:<'injected fault: partition 0 raises'>"
+    assert short_reason(deployed) == "InjectedFault: injected fault: partition 0 raises"
 
 
 def test_review_of_the_session_s_own_fixes(tmp_path, capsys, monkeypatch):

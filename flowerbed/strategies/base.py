@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.common.logger import log as flog
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
@@ -82,10 +84,28 @@ def metric_kind(value: Any) -> str:
     return f"a list of {len(value)} values" if isinstance(value, list) else "a number"
 
 
+_FLOWER_REASON = re.compile(r"^<class '([\w.]+)'>:<'(.*)'>$", re.S)  # Flower's str(type) + message
+#: what Flower's error codes mean, for a failure's reason
+ERROR_NAMES = {ErrorCode.LOAD_CLIENT_APP_EXCEPTION: "the ClientApp could not be loaded",
+               ErrorCode.CLIENT_APP_RAISED_EXCEPTION: "the ClientApp raised",
+               ErrorCode.MESSAGE_UNAVAILABLE: "the message was unavailable",
+               ErrorCode.REPLY_MESSAGE_UNAVAILABLE: "the reply was unavailable",
+               ErrorCode.NODE_UNAVAILABLE: "its node was unavailable",
+               ErrorCode.MOD_FAILED_PRECONDITION: "a client mod refused the message",
+               ErrorCode.CLIENT_APP_CRASHED: "the ClientApp's process crashed"}
+
+
 def short_reason(reason: str) -> str:
-    """The last meaningful line of a (possibly 1 kB Ray traceback) error reason."""
-    lines = [ln.strip() for ln in str(reason).strip().splitlines() if ln.strip()]
-    # (Flower ends a ClientApp's exception with the "'>" of the repr it was cut from)
+    """A client's error reason in one line. Flower writes an exception as ``<class 'X'>:<'text'>``:
+    under the simulation engine X is Ray's ClientAppException, whose text ends in the original
+    exception's (only that is kept); a deployed ClientApp's X is the original exception (its
+    name is kept). Anything else: its last meaningful line (of a possibly 1 kB traceback)."""
+    text = str(reason).strip()
+    if m := _FLOWER_REASON.match(text):
+        kind, text = m.group(1).rsplit(".", 1)[-1], m.group(2).strip()
+        text = text.split("Message: ", 1)[-1] if kind == "ClientAppException" else f"{kind}: {text}"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # (a reason cut from Flower's repr can still end in its "'>")
     return lines[-1].removesuffix("'>")[:300] if lines else "unknown error"
 
 
@@ -501,7 +521,8 @@ class FlowerbedFedAvg(FedAvg):
     def check_reply(self, reply: Message, is_train: bool) -> str | None:
         """Why ``reply`` cannot be aggregated, or None when it can."""
         if reply.has_error():
-            return f"client error (code {reply.error.code}): {short_reason(reply.error.reason)}"
+            what = ERROR_NAMES.get(reply.error.code, "client error")
+            return f"{what} (Flower error code {reply.error.code}): {short_reason(reply.error.reason)}"
         content = reply.content
         mrs = list(content.metric_records.values())
         if len(mrs) != 1:
