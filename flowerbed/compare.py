@@ -539,7 +539,8 @@ def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n
 #: not on the same data
 SPLIT_KEYS = ("dataset", "train-samples", "public-fraction", "partition", "seed",
               "min-partition-size", "local-test-fraction", "num-partitions", "test-samples",
-              "fedade-shift", "fedade-schedule", "fedade-batch", "fedade-ber-chain", "fedade-ber-p")
+              "fedade-shift", "fedade-schedule", "fedade-batch", "fedade-ber-chain", "fedade-ber-p",
+              "client-data")  # the clients' own data folders (None: the seeded split)
 #: run-config keys that name where a run is, not what it is: never listed as a difference
 BOOKKEEPING = {"run-name", "output-dir", "resume", "data-root", "client-state-dir", "method",
                "fault-crash-after"}  # a run it crashed, once resumed, equals an unbroken one
@@ -609,7 +610,8 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
     configs: dict[Path, dict[str, Any]] = {}
     for d in runs:
         try:
-            configs[d] = {"method": defaults()["method"], **json.loads((d / "config.json").read_text())}
+            configs[d] = {"method": defaults()["method"], "client-data": None,
+                          **json.loads((d / "config.json").read_text())}
         except (OSError, ValueError, TypeError) as e:
             raise ConfigError("RUN_DIR", str(d), f"its config.json is unreadable ({e})") from None
     labels = run_labels(runs, configs)
@@ -632,7 +634,7 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
                 results[labels[d]] = {"error": f"unreadable metrics.jsonl ({e})", "run-dir": str(d)}
     shared = _shared(configs)
     n = int(shared.get("num-partitions") or 0)
-    table = "\n".join([markdown_table(results, shared, n, variants=False),
+    table = "\n".join([markdown_table(results, shared, n, variants=False), *own_folders(shared),
                        *shared_settings(configs.values()), *_differences(configs, labels),
                        "", "Runs: " + "; ".join(f"{labels[d]}: {d}" for d in runs) + "."])
     out = _table_folder(out, list(results))
@@ -686,6 +688,19 @@ def _differences(configs: dict[Any, dict[str, Any]], labels: dict[Any, str],
         lines += ["", "The runs ran on different software: "
                   + "; ".join(f"{k}: {v}" for k, v in software.items()) + "."]
     return lines
+
+
+def own_folders(shared: dict[str, Any]) -> list[str]:
+    """The line under a table of runs whose clients read their own data folders: the header's
+    split is the run config's, the folders' is what their export recorded."""
+    if not isinstance(data := shared.get("client-data"), dict):
+        return []
+    exported = data.get("exported-with") or {}
+    how = ("with " + ", ".join(f"{k} {_spec_value(v)}" for k, v in exported.items())
+           if all(k in SPLIT_KEYS for k in exported) else "with settings that differ between them")
+    return ["", f"The clients read their own data folders ({data.get('own-folders')} of them), "
+            f"exported {how if exported else 'by hand (no partition.json)'}; the header's split "
+            "settings are the run config's (config.json: client-data)."]
 
 
 def shared_settings(configs: Any) -> list[str]:
@@ -763,7 +778,7 @@ def _table_over_seeds(runs: list[Path], configs: dict[Path, dict[str, Any]],
     summary = {names[g]: seed_stats({s: per_seed[s][names[g]] for s in seeds}) for g in groups}
     shared = _shared(configs)
     n = int(shared.get("num-partitions") or 0)
-    extra = (*shared_settings(configs.values()),
+    extra = (*own_folders(shared), *shared_settings(configs.values()),
              *_differences({names[g]: {**c, "seed": None} for g, c in first.items()}, {},
                            {labels[d]: configs[d] for d in labels}),
              "", "Runs: " + "; ".join(f"{label}: {d}" for d, label in labels.items()) + ".")

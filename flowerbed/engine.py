@@ -463,6 +463,10 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
                         echo.writelines(fold.flush())
                         echo.flush()
             except BaseException as e:  # Ctrl-C or a broken terminal: leave neither flwr nor the run
+                if echo:  # a failure whose traceback was being folded: its line
+                    with contextlib.suppress(OSError):
+                        echo.writelines(fold.flush())
+                        echo.flush()
                 if sink:
                     sink.write(log_header(f"interrupted ({type(e).__name__}): the run is stopped"))
                     sink.flush()

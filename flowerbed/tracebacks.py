@@ -1,93 +1,163 @@
-"""A run's console shows each traceback as one line; its log keeps the full text.
+"""A run's console shows each failure's tracebacks as one line; its log keeps the full text.
 
-A client that raises under the simulation engine prints two tracebacks of about 35 lines each
-(Ray's, then Flower's worker's), and a ServerApp that stops prints a third. On the console they
-bury the round's progress. ``Folder`` replaces each run of them with one line: the first
-exception (the cause, where exceptions are chained), the deepest frame in flowerbed's own code
-(else the deepest frame), how many lines were folded, and the log file holding them.
+A client that raises under the simulation engine makes Ray and Flower print about 70 lines
+(Ray's chain, then Flower's worker's traceback of the same failure), and a ServerApp that stops
+prints its own. On the console they bury the round's progress. :class:`Folder` replaces each
+run of traceback lines with one line per failure: the exception that says most (the last in its
+chain that is not Flower's ``ClientAppException`` wrapper), the deepest frame in flowerbed's own
+code (else the deepest), and the log file with the whole text. Only lines shaped like a
+traceback are folded: anything else ends the fold and is shown, and a fold that names no
+exception is shown as it came.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # flwr's and Ray's colour codes
-# where a traceback starts: Python's header, and the Ray backend's line before each failed
-# message's tracebacks (Ray's, then Flower's worker's: one block)
 TRACEBACK = "Traceback (most recent call last):"
-FAILED_MESSAGE = "An exception was raised when processing a message"
-STARTS = (TRACEBACK, FAILED_MESSAGE)
-_RECORD = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")  # a new log record
-_EXCEPTION = re.compile(r"^([A-Za-z_]\w*(?:\.\w+)+|[A-Z]\w*(?:Error|Exception|Interrupt|Exit))(?:: ?(.*))?$")
-_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+), in (\S+)')
+FAILED_MESSAGE = "An exception was raised when processing a message"  # Flower's Ray backend
+RAY_CHAIN = "ray::"  # Ray's header of a failed actor call's traceback
+STARTS = (TRACEBACK, FAILED_MESSAGE, RAY_CHAIN)
+# lines inside a traceback that are not indented
+INSIDE = (TRACEBACK, "The above exception was the direct cause", "During handling of the above exception",
+          RAY_CHAIN, "Exception ClientAppException occurred", "+", "|")
+_RECORD = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")  # a log record's first line
+_EXCEPTION = re.compile(r"^([A-Za-z_]\w*(?:\.\w+)*(?:\([\w.]+\))?)(?::\s?(.*))?$")  # Ray: Error(Cause)
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)(?:, in (\S+))?')
+_GROUP = re.compile(r"^\s*[|+](?:-+[+-]*)?\s?")  # an exception group's margin
 MAX_MESSAGE = 200
 
 
 def short_path(path: str) -> str:
-    """flowerbed's files from the package (the SuperLink runs an installed copy of the app:
-    ``.flwr-home/.../apps/flowerbed.flowerbed.0.1.0.<hash>/flowerbed/...``), installed
-    packages' from site-packages, others in full."""
-    for marker in ("/flowerbed/", "/site-packages/"):
-        if marker in path:
-            at = path.rindex(marker)
-            return path[at + 1:] if marker == "/flowerbed/" else path[at + len(marker):]
-    return path
+    """Installed packages' files from site-packages; flowerbed's from the package (the
+    SuperLink runs an installed copy of the app: ``.../apps/flowerbed.flowerbed.0.1.0.<hash>/
+    flowerbed/...``); others in full."""
+    if "/site-packages/" in path:
+        return path[path.rindex("/site-packages/") + len("/site-packages/"):]
+    return path[path.rindex("/flowerbed/") + 1:] if "/flowerbed/" in path else path
 
 
-def summary(lines: list[str]) -> str:
-    """``<exception>: <message> (at <file>:<line> in <function>)`` for a traceback's lines."""
-    exc, at = None, None
-    frames: list[tuple[str, str, str]] = []
-    for i, line in enumerate(lines):
+def ours(path: str) -> bool:
+    """A frame in flowerbed's code (not a package installed in a venv inside a flowerbed clone)."""
+    return "/flowerbed/" in path and ("/site-packages/" not in path or "/site-packages/flowerbed/" in path)
+
+
+def failures(lines: list[str], pending: Counter[str]) -> list[tuple[str, bool, int]] | None:
+    """Each failure in a traceback block's (colourless) lines, in order: (its summary
+    ``<exception>: <message> (at <file>:<line> in <function>)``, whether a ClientApp raised it,
+    how many times); None where no exception could be read. The block is split into log
+    records: after Ray's record of a failed ClientApp (``ray::...`` and its chain) Flower's
+    worker logs the same failure again (its own traceback, then Ray's chain once more), perhaps
+    in a later block: ``pending`` counts those still to come by text, and they are not counted
+    again."""
+    records: list[list[str]] = []
+    for line in lines:
+        if _RECORD.match(line) or not records:
+            records.append([])
+        records[-1].append(_GROUP.sub("", line))
+    found: dict[str, list] = {}  # a failure's message text -> [summary, client, count]
+    read = False
+    for record in records:
+        chain = _chain(record)
+        if not chain:
+            continue
+        read = True
+        kind, text, frames = next((c for c in reversed(chain) if not wrapper(c[0])), chain[-1])
+        key = text.split("Message: ", 1)[-1]
+        ray = RAY_CHAIN in record[0]
+        if not ray and pending[key] > 0:  # Flower's worker's record of a failure Ray's named
+            pending[key] -= 1
+            continue
+        pending[key] += ray
+        if wrapper(kind):  # nothing but Flower's wrapper: its text is the original's
+            kind, text, frames = "", key, []  # (and its frames are Flower's)
+        summary = f"{kind}: {text}" if kind and text else kind or text
+        if len(summary) > MAX_MESSAGE:
+            summary = summary[:MAX_MESSAGE - 1] + "…"
+        if frames:
+            path, lineno, func = ([f for f in frames if ours(f[0])] or frames)[-1]
+            summary += f" (at {short_path(path)}:{lineno}{f' in {func}' if func else ''})"
+        client = ray or any(FAILED_MESSAGE in ln for ln in record) or any(wrapper(c[0]) for c in chain)
+        if key in found:
+            found[key][2] += 1
+        else:
+            found[key] = [summary, client, 1]
+    return [tuple(v) for v in found.values()] if read else None
+
+
+def wrapper(kind: str) -> bool:
+    """Flower's ClientAppException (or Ray's RayTaskError(ClientAppException)), whose text
+    ends in the original exception's."""
+    return "ClientAppException" in kind
+
+
+def _chain(record: list[str]) -> list[tuple[str, str, list[tuple[str, str, str | None]]]]:
+    """A record's exceptions in the order printed (the cause first), each with its frames."""
+    chain, frames, after_code = [], [], False
+    for i, line in enumerate(record):
         if m := _FRAME.match(line):
             frames.append(m.groups())
-        elif (m := _EXCEPTION.match(line)) and frames:
-            message = (m.group(2) or "").strip()
-            if not message and i + 1 < len(lines):  # flwr's ClientAppException: the text follows
-                message = lines[i + 1].strip()
-            exc = f"{m.group(1)}: {message}" if message else m.group(1)
-            ours = [f for f in frames if "/flowerbed/" in f[0]]
-            path, lineno, func = (ours or frames)[-1]
-            at = f"{short_path(path)}:{lineno} in {func}"
-            break
-    if exc is None:
-        return "a traceback"
-    if len(exc) > MAX_MESSAGE:
-        exc = exc[:MAX_MESSAGE - 1] + "…"
-    return f"{exc} (at {at})"
+            after_code = True
+        elif after_code and not line[:1].isspace() and (m := _EXCEPTION.match(line)):
+            text = (m.group(2) or "").strip()
+            if not text and i + 1 < len(record):  # ClientAppException: the text follows
+                text = record[i + 1].strip()
+            chain.append((m.group(1), text, frames))
+            frames, after_code = [], False
+        elif not line.strip() or not line[:1].isspace():
+            after_code = False
+    return chain
 
 
 class Folder:
-    """Feed it a run's output lines; it returns the lines to show, with each traceback (or run
-    of tracebacks with nothing else between them) as one line naming ``log_file``."""
+    """Feed it a run's output lines; it returns the lines to show: each traceback block as one
+    line per failure naming ``log_file``, everything else as it came."""
 
     def __init__(self, log_file: Path):
         self.log_file = log_file
-        self.block: list[str] | None = None
+        self.block: list[str] | None = None  # colourless
+        self.raw: list[str] = []  # as they came, for a block that names no failure
         self.prefix = ""
+        self.pending: Counter[str] = Counter()  # failures whose worker's record is still to come
 
     def feed(self, line: str) -> list[str]:
-        text = ANSI.sub("", line)
+        text = ANSI.sub("", line).rstrip("\n")
         shown: list[str] = []
         if self.block is not None:
             record = _RECORD.match(text)
-            if not record or (FAILED_MESSAGE not in text and any(s in text for s in (TRACEBACK, "ray::"))):
-                self.block.append(text.rstrip("\n"))
+            if (any(s in text for s in STARTS) if record else self._inside(text)):
+                self.block.append(text)
+                self.raw.append(line)
                 return []
             shown = self.flush()
-        if start := next((s for s in STARTS if s in text), None):
-            self.block = [text.rstrip("\n")]
-            at = line.find(start)
-            self.prefix = line[:at] if at > 0 and _RECORD.match(text) else "  "
+        starts = next((s for s in STARTS if s in text), None)
+        if starts and (_RECORD.match(text) or text.startswith(TRACEBACK)):
+            self.block, self.raw = [text], [line]
+            at = line.find(starts)
+            self.prefix = line[:at] if _RECORD.match(text) and at > 0 else "  "
             return shown
         return [*shown, line]
 
+    def _inside(self, text: str) -> bool:
+        """Whether a line that is not a log record's continues the traceback block."""
+        return not text.strip() or text[:1].isspace() or text.startswith(INSIDE) or (
+            bool(_EXCEPTION.match(text)) and bool(self.block) and self._after_code())
+
+    def _after_code(self) -> bool:
+        last = self.block[-1] if self.block else ""
+        return last[:1].isspace() and bool(last.strip())  # a frame, its code or its carets
+
     def flush(self) -> list[str]:
-        """The folded line of a traceback still open (at the end of the output), if any."""
+        """The lines for the block still open (at the end of the output, or when stopped)."""
         if self.block is None:
             return []
-        lines, self.block = self.block, None
-        who = "a ClientApp raised " if FAILED_MESSAGE in lines[0] else ""
-        return [f"{self.prefix}[{who}{summary(lines)}; its traceback ({len(lines)} lines) is in "
-                f"{self.log_file}]\n"]
+        block, raw, self.block, self.raw = self.block, self.raw, None, []
+        found = failures(block, self.pending)
+        if found is None:  # nothing read: shown as it came
+            return raw
+        who = {(True, 1): "a ClientApp raised ", (False, 1): ""}
+        return [f"{self.prefix}[{who.get((client, n), f'{n} ClientApps raised ' if client else f'{n}x ')}"
+                f"{summary}; the traceback is in {self.log_file}]\n" for summary, client, n in found]

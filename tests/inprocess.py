@@ -25,10 +25,11 @@ STRAGGLERS: list[threading.Thread] = []
 
 
 class LocalGrid(Grid):
-    def __init__(self, run_config: dict, num_nodes: int) -> None:
+    def __init__(self, run_config: dict, num_nodes: int, node_extra: list[dict] | None = None) -> None:
         self.contexts = {
             1000 + i: Context(run_id=1, node_id=1000 + i,
-                              node_config={"partition-id": i, "num-partitions": num_nodes},
+                              node_config={"partition-id": i, "num-partitions": num_nodes,
+                                           **(node_extra[i] if node_extra else {})},
                               state=RecordDict(), run_config=dict(run_config))
             for i in range(num_nodes)}
 
@@ -78,7 +79,8 @@ class LocalGrid(Grid):
         return copy.deepcopy(reply)
 
 
-def run_inprocess(run_config: dict, num_nodes: int) -> dict:
-    """The ServerApp's whole run against in-process clients; returns summary.json's content."""
+def run_inprocess(run_config: dict, num_nodes: int, node_extra: list[dict] | None = None) -> dict:
+    """The ServerApp's whole run against in-process clients (``node_extra``: each node's
+    node-config beyond its partition, e.g. a data-dir); returns summary.json's content."""
     cfg = Config.from_run_config(run_config)
-    return server_app.run(LocalGrid(cfg.to_run_config(), num_nodes), cfg)
+    return server_app.run(LocalGrid(cfg.to_run_config(), num_nodes, node_extra), cfg)

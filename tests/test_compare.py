@@ -741,8 +741,10 @@ def test_failure_reasons_are_one_readable_line():
     reason = ("Traceback ...\n\nException ClientAppException occurred. Message: injected fault: "
               "partition 1 raises in round 1'>")
     assert short_reason(reason).endswith("raises in round 1")
-    simulated = ("<class 'flwr.clientapp.client_app.ClientAppException'>:<'\nException "
-                 "ClientAppException occurred. Message: injected fault: partition 0 raises in round 1'>")
+    simulated = ("<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'ray::ClientAppActor.run() "
+                 "(pid=1)\n  File \"x.py\", line 1, in f\nflwr.clientapp.client_app.ClientAppException: "
+                 "\nException ClientAppException occurred. Message: injected fault: partition 0 raises "
+                 "in round 1'>")
     assert short_reason(simulated) == "injected fault: partition 0 raises in round 1"
     deployed = "<class 'flowerbed.faults.InjectedFault'>:<'injected fault: partition 0 raises'>"
     assert short_reason(deployed) == "InjectedFault: injected fault: partition 0 raises"

@@ -164,6 +164,36 @@ def test_own_data_folder_equals_the_seeded_partition(tmp_path, caplog):
     tr, te = read_partition_dir(cfg, folders[2], 2)
     assert len(te) == round(0.1 * (len(tr) + len(te)))
 
+def test_a_run_on_exported_folders_records_their_split(tmp_path, caplog):
+    """A run on the clients' own folders recorded only its run config's split (partition, seed)
+    in config.json, so `flowerbed table` took it for a run of that split. The ServerApp now
+    records the folders' export settings (client-data) and warns where they differ; table
+    refuses to put it beside a run of the seeded split."""
+    from inprocess import run_inprocess
+
+    from flowerbed import compare
+
+    export = Config.from_run_config({"train-samples": 600, "partition": "iid", "seed": 3})
+    folders = export_partitions(export, 3, tmp_path / "data")
+    base = {"num-server-rounds": 1, "train-samples": 600, "test-samples": 200,
+            "output-dir": str(tmp_path), "client-state-dir": str(tmp_path / "state")}
+    with caplog.at_level("WARNING", logger="flowerbed"):
+        run_inprocess({**base, "run-name": "own"}, 3, [{"data-dir": str(f)} for f in folders])
+    data = json.loads((tmp_path / "own" / "config.json").read_text())["client-data"]
+    assert data == {"own-folders": 3, "exported-with": {
+        "partition": "iid", "seed": 3, "train-samples": 600, "public-fraction": 0.0,
+        "local-test-fraction": 0.1}}
+    assert ("3 of 3 clients train on their own data folders, exported with partition='iid', "
+            "seed=3; this run's config has partition='dirichlet:0.5', seed=0") in caplog.text
+    run_inprocess({**base, "run-name": "seeded"}, 3)
+    assert "client-data" not in json.loads((tmp_path / "seeded" / "config.json").read_text())
+    with pytest.raises(ConfigError, match="not on the same data: their client-data differs"):
+        compare.table_of_runs([tmp_path / "own", tmp_path / "seeded"], tmp_path / "t")
+    table, _ = compare.table_of_runs([tmp_path / "own"], tmp_path / "t1")
+    assert ("The clients read their own data folders (3 of them), exported with local-test-fraction "
+            "0.1, partition 'iid', public-fraction 0.0, seed 3, train-samples 600; the header's") in table
+
+
 def test_export_data_does_not_overwrite_an_earlier_export(tmp_path, capsys):
     """A README walk-through: a second export-data into the same --out overwrote the first
     without a word (and a 3-client export over a 5-client one left client-3, client-4 behind)."""

@@ -8,13 +8,15 @@ tests/test_deploy.py kills a SuperNode on loopback instead).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from dropout import assert_dropped, run_killing_node
 from netns import Hosts, netns_usable
 
 from flowerbed import deploy
 from flowerbed.config import Config
-from flowerbed.datasets.federated import export_partitions
+from flowerbed.datasets.federated import export_partitions, split_settings
 
 
 @pytest.mark.skipif(bool(reason := netns_usable()), reason=reason or "")
@@ -37,6 +39,8 @@ def test_separate_hosts_with_tls_own_data_and_a_dropout(tmp_path):
     finally:
         hosts.remove()
     assert_dropped(rows, node=2, num_nodes=3)
+    config = json.loads((tmp_path / "netns" / "config.json").read_text())  # the folders' split
+    assert config["client-data"] == {"own-folders": 3, "exported-with": split_settings(cfg)}
     assert summary["final-accuracy"] > rows[0]["accuracy"]
     for i in (0, 1):  # the SuperNodes trained on their own folders, over the network, with TLS
         node_log = (tmp_path / "home" / "logs" / f"supernode-{i}.log").read_text()

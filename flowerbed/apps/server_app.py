@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -16,7 +17,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from flowerbed import checkpoint, client_state, faults
 from flowerbed.config import DISTILL_METHODS, SSL_METHODS, Config, ConfigError, defaults, reads
-from flowerbed.datasets.federated import client_partitions, full_train, test_set, train_set
+from flowerbed.datasets.federated import client_partitions, full_train, split_settings, test_set, train_set
 from flowerbed.datasets.partition import warn_unheld
 from flowerbed.registry import METHODS
 from flowerbed.results import (
@@ -124,6 +125,29 @@ def warn_unused_data(cfg: Config, test) -> None:
                         there, cfg.dataset, there)
 
 
+def client_data(folders: dict[int, tuple[str, dict[str, Any]]], cfg: Config,
+                num_partitions: int) -> dict[str, Any]:
+    """config.json's ``client-data`` where clients train on their own data folders (``deploy up
+    --data-dirs``, ``data-dir=`` in a SuperNode's node config): how many, and the split settings
+    their exports record (one dict where they agree, else each partition's), so that a run on
+    exported folders is not taken for a run of its run config's split (``flowerbed table``
+    compares it). Warns where the exports' settings differ from the run config's."""
+    if not folders:
+        return {}
+    settings = {pid: exported for pid, (_, exported) in sorted(folders.items())}
+    distinct = {json.dumps(e, sort_keys=True) for e in settings.values()}
+    exported_with = next(iter(settings.values())) if len(distinct) == 1 else {
+        str(pid): e for pid, e in settings.items()}
+    run = split_settings(cfg)
+    if differ := sorted({k for e in settings.values() for k, v in e.items() if k in run and v != run[k]}):
+        log.warning("%d of %d clients train on their own data folders, exported with %s; this "
+                    "run's config has %s: config.json records both (client-data), and the clients "
+                    "train on the folders' split", len(folders), num_partitions,
+                    ", ".join(f"{k}=" + "/".join(sorted({repr(e[k]) for e in settings.values() if k in e}))
+                              for k in differ), ", ".join(f"{k}={run[k]!r}" for k in differ))
+    return {"client-data": {"own-folders": len(folders), "exported-with": exported_with}}
+
+
 def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     """The whole run; returns the summary also written to ``summary.json``."""
     method = METHODS[cfg.method]
@@ -154,7 +178,8 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     device = pick_device()
     identity = {**cfg.to_run_config(), "num-partitions": num_partitions}  # what a resume must match
     ckpt, output_dir, run_name = _resume_point(cfg, identity)
-    described = {**identity, "server-device": str(device), "software": software(), **strategy.describe()}
+    described = {**identity, "server-device": str(device), "software": software(), **strategy.describe(),
+                 **client_data(strategy.data_folders, cfg, num_partitions)}
     with RunDir(output_dir, run_name, described,
                 resume_round=ckpt["round"] if ckpt else None) as run_dir:  # this ServerApp's till it ends
         strategy.run_key = client_state.run_key(run_dir.path, run_dir.run_id)

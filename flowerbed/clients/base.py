@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from torch import nn
 
 from flowerbed.config import Config
-from flowerbed.datasets.federated import client_data
+from flowerbed.datasets.federated import EXPORT_KEYS, client_data, folder_meta
 from flowerbed.datasets.loading import DataSet
 from flowerbed.models import build_model
 from flowerbed.training import (
@@ -45,8 +47,9 @@ class Client:
         self.cfg, self.context = cfg, context
         self.partition_id = int(context.node_config["partition-id"])
         self.num_partitions = int(context.node_config["num-partitions"])
-        self.train_data, self.test_data = client_data(
-            cfg, self.partition_id, self.num_partitions, str(context.node_config.get("data-dir", "")))
+        self.data_dir = str(context.node_config.get("data-dir", ""))  # its own data folder, if any
+        self.train_data, self.test_data = client_data(cfg, self.partition_id, self.num_partitions,
+                                                      self.data_dir)
         self.device = pick_device()
         configure_threads()
 
@@ -86,10 +89,13 @@ class Client:
 
     # ------------------------------------------------------------------ message handlers
     def whoami(self, msg: Message) -> Message:
+        # with its own data folder: how the folder's split was made, for the run's config.json
+        meta = folder_meta(Path(self.data_dir)) if self.data_dir else {}
         info = ConfigRecord({"partition-id": self.partition_id,
                              "num-partitions": self.num_partitions,
                              "num-train": len(self.train_data), "num-test": len(self.test_data),
-                             "device": str(self.device)})
+                             "device": str(self.device), "data-dir": self.data_dir,
+                             "exported-with": json.dumps({k: meta[k] for k in EXPORT_KEYS if k in meta})})
         log.info("client partition %d/%d on %s: %s", self.partition_id, self.num_partitions,
                  self.device, self.data_line())
         return Message(content=RecordDict({"info": info}), reply_to=msg)

@@ -8,6 +8,7 @@ import logging
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -110,6 +111,23 @@ def client_data(cfg: Config, partition_id: int, num_partitions: int,
 # <dir>/partition.json: what the folder holds (data set, partition id, how it was made)
 
 
+#: the run-config keys that make a split: an export's partition.json records them, and a run on
+#: exported folders whose own values differ trains on the folders' split all the same
+EXPORT_KEYS = ("partition", "seed", "train-samples", "public-fraction", "local-test-fraction")
+
+
+def split_settings(cfg: Config) -> dict[str, Any]:
+    """``cfg``'s values of :data:`EXPORT_KEYS`, as partition.json records them."""
+    return {k: str(v) if k == "partition" else v
+            for k, v in cfg.to_run_config().items() if k in EXPORT_KEYS}
+
+
+def folder_meta(folder: Path) -> dict[str, Any]:
+    """A client data folder's partition.json ({} for a hand-made folder without one)."""
+    meta_file = Path(folder) / "partition.json"
+    return json.loads(meta_file.read_text()) if meta_file.exists() else {}
+
+
 def export_partitions(cfg: Config, num_partitions: int, out: Path, replace: bool = False) -> list[Path]:
     """Write each client's (local train, local test) data, as the seed route computes it, into
     ``out/client-<i>/``; a SuperNode given ``data-dir=out/client-<i>`` then trains on exactly it.
@@ -129,8 +147,7 @@ def export_partitions(cfg: Config, num_partitions: int, out: Path, replace: bool
             write_idx(folder / f"{split}-labels.idx.gz", ds.y.numpy())
         (folder / "partition.json").write_text(json.dumps({
             "dataset": cfg.dataset, "partition-id": i, "num-partitions": num_partitions,
-            "partition": str(cfg.partition), "seed": cfg.seed, "train-samples": cfg.train_samples,
-            "public-fraction": cfg.public_fraction, "local-test-fraction": cfg.local_test_fraction,
+            **split_settings(cfg),
             "num-train": len(tr), "num-test": len(te), "num-assigned": len(parts[i])}, indent=1))
         folders.append(folder)
     return folders
@@ -149,8 +166,7 @@ def read_partition_dir(cfg: Config, folder: Path, partition_id: int,
     the node: what its partition.json records (if any) must match."""
     if not folder.is_dir():
         raise DataError(f"data-dir {folder} does not exist on this SuperNode")
-    meta_file = folder / "partition.json"
-    meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+    meta = folder_meta(folder)
     if meta.get("dataset", cfg.dataset) != cfg.dataset:
         raise DataError(f"data-dir {folder} holds {meta['dataset']}, the run uses {cfg.dataset}")
     if meta.get("partition-id", partition_id) != partition_id:
@@ -159,8 +175,7 @@ def read_partition_dir(cfg: Config, folder: Path, partition_id: int,
     if num_partitions is not None and meta.get("num-partitions", num_partitions) != num_partitions:
         raise DataError(f"data-dir {folder} is one of {meta['num-partitions']} exported partitions, "
                         f"but this SuperNode has num-partitions={num_partitions}")
-    run = {"partition": str(cfg.partition), "seed": cfg.seed, "train-samples": cfg.train_samples,
-           "public-fraction": cfg.public_fraction, "local-test-fraction": cfg.local_test_fraction}
+    run = split_settings(cfg)
     if differ := [k for k, v in run.items() if meta.get(k, v) != v]:  # the folder is the data;
         log.warning("data-dir %s was exported with %s; this run has %s: the client trains on the "
                     "folder's data", folder, ", ".join(f"{k}={meta[k]!r}" for k in differ),

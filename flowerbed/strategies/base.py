@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -84,7 +85,7 @@ def metric_kind(value: Any) -> str:
     return f"a list of {len(value)} values" if isinstance(value, list) else "a number"
 
 
-_FLOWER_REASON = re.compile(r"^<class '([\w.]+)'>:<'(.*)'>$", re.S)  # Flower's str(type) + message
+_FLOWER_REASON = re.compile(r"^<class '([^']+)'>:<'(.*)'>$", re.S)  # Flower's str(type) + message
 #: what Flower's error codes mean, for a failure's reason
 ERROR_NAMES = {ErrorCode.LOAD_CLIENT_APP_EXCEPTION: "the ClientApp could not be loaded",
                ErrorCode.CLIENT_APP_RAISED_EXCEPTION: "the ClientApp raised",
@@ -97,13 +98,14 @@ ERROR_NAMES = {ErrorCode.LOAD_CLIENT_APP_EXCEPTION: "the ClientApp could not be 
 
 def short_reason(reason: str) -> str:
     """A client's error reason in one line. Flower writes an exception as ``<class 'X'>:<'text'>``:
-    under the simulation engine X is Ray's ClientAppException, whose text ends in the original
-    exception's (only that is kept); a deployed ClientApp's X is the original exception (its
-    name is kept). Anything else: its last meaningful line (of a possibly 1 kB traceback)."""
+    under the simulation engine X is Ray's RayTaskError(ClientAppException), whose text (Ray's
+    traceback) ends in the original exception's text (only that is kept); a deployed
+    ClientApp's X is the original exception (its name is kept). Anything else: its last
+    meaningful line (of a possibly 1 kB traceback)."""
     text = str(reason).strip()
     if m := _FLOWER_REASON.match(text):
         kind, text = m.group(1).rsplit(".", 1)[-1], m.group(2).strip()
-        text = text.split("Message: ", 1)[-1] if kind == "ClientAppException" else f"{kind}: {text}"
+        text = text.rsplit("Message: ", 1)[-1] if "ClientAppException" in kind else f"{kind}: {text}"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     # (a reason cut from Flower's repr can still end in its "'>")
     return lines[-1].removesuffix("'>")[:300] if lines else "unknown error"
@@ -157,6 +159,8 @@ class FlowerbedFedAvg(FedAvg):
         self.node_of: dict[int, int] = {}       # partition id -> node id
         self.partition_of: dict[int, int] = {}  # node id -> partition id
         self.num_test: dict[int, int] = {}      # partition id -> its local test samples (whoami)
+        # partition id -> (its own data folder, the split settings its partition.json records)
+        self.data_folders: dict[int, tuple[str, dict[str, Any]]] = {}
         self.num_partitions: int | None = None
         self.ignored_nodes: set[int] = set()  # nodes whose whoami reply could not be used
         self.running = False  # rounds have begun: a bad node is ignored, not a startup error
@@ -244,6 +248,12 @@ class FlowerbedFedAvg(FedAvg):
             self.node_of[pid] = reply.metadata.src_node_id
             self.partition_of[reply.metadata.src_node_id] = pid
             self.num_test[pid] = num_test
+            if folder := str(info.get("data-dir", "")):  # (older clients send none)
+                try:
+                    exported = json.loads(str(info.get("exported-with", "{}")))
+                except ValueError:
+                    exported = {}
+                self.data_folders[pid] = (folder, exported if isinstance(exported, dict) else {})
 
     def sample(self, grid: Grid, server_round: int, fraction: float, stream: int) -> list[int]:
         """Node ids of the sampled partitions, in partition order (deterministic per seed)."""
