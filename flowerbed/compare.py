@@ -598,7 +598,8 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
     run``, plain ``flwr run``, other comparisons): ``<out>/results.json``, ``table.md``,
     ``accuracy.png`` (and ``client-accuracy.png``), as :func:`compare` writes them (``out``:
     default ``runs/table-<time>``). Runs that do not share their data (:data:`SPLIT_KEYS`; a key
-    a run's config lacks, written by older code, is not compared) are refused, naming the key;
+    a run's config lacks, written by older code, is not compared, but one without ``client-data``
+    counts as on the seeded split) are refused, naming the key;
     other settings that differ are listed under the table. Runs that differ in their seed alone
     are a table over seeds, as ``compare --seeds`` writes it (every method on the same seeds).
     A run without ``summary.json`` did not finish: its row says failed. Returns the markdown
@@ -615,8 +616,11 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
         except (OSError, ValueError, TypeError) as e:
             raise ConfigError("RUN_DIR", str(d), f"its config.json is unreadable ({e})") from None
     labels = run_labels(runs, configs)
+    # runs over seeds: on own data folders, each seed's may be an export of that seed
     over_seeds = _differs(configs, "seed") and not any(
-        _differs(configs, k) for k in SPLIT_KEYS if k != "seed")
+        _differs(configs, k) for k in SPLIT_KEYS if k not in ("seed", "client-data")) and not _differs(
+        {d: {**c, "client-data": _export_seed_left_out(c["client-data"])} for d, c in configs.items()},
+        "client-data")
     for key in sorted(SPLIT_KEYS, key=lambda k: k == "seed"):  # a key besides the seed first
         if _differs(configs, key) and not over_seeds:
             raise ConfigError("RUN_DIR", "; ".join(labels.values()), f"the runs were not on the "
@@ -652,7 +656,7 @@ def _values(configs: dict[Any, dict[str, Any]], labels: dict[Any, str], key: str
 
 def _read_values(configs: Any, key: str) -> set[str]:
     """The values (as JSON) of ``key`` among ``configs`` that have it and whose method reads it."""
-    return {json.dumps(c[key]) for c in configs if key in c and reads(c.get("method"), key)}
+    return {json.dumps(c[key], sort_keys=True) for c in configs if key in c and reads(c.get("method"), key)}
 
 
 def _differs(configs: dict[Any, dict[str, Any]], key: str) -> bool:
@@ -690,6 +694,19 @@ def _differences(configs: dict[Any, dict[str, Any]], labels: dict[Any, str],
     return lines
 
 
+def _export_seed_left_out(data: Any) -> Any:
+    """``client-data`` without the exports' seed (a table over seeds compares the rest)."""
+    if not isinstance(data, dict) or not isinstance(exported := data.get("exported-with"), dict):
+        return data
+
+    def drop(e: Any) -> Any:
+        return {k: v for k, v in e.items() if k != "seed"} if isinstance(e, dict) else e
+
+    per_client = all(k.isdigit() for k in exported) and bool(exported)  # {"0": {...}, "1": {...}}
+    return {**data, "exported-with": {p: drop(e) for p, e in exported.items()} if per_client
+            else drop(exported)}
+
+
 def own_folders(shared: dict[str, Any]) -> list[str]:
     """The line under a table of runs whose clients read their own data folders: the header's
     split is the run config's, the folders' is what their export recorded."""
@@ -698,7 +715,8 @@ def own_folders(shared: dict[str, Any]) -> list[str]:
     exported = data.get("exported-with") or {}
     how = ("with " + ", ".join(f"{k} {_spec_value(v)}" for k, v in exported.items())
            if all(k in SPLIT_KEYS for k in exported) else "with settings that differ between them")
-    return ["", f"The clients read their own data folders ({data.get('own-folders')} of them), "
+    return ["", f"{data.get('own-folders')} of the {data.get('clients', '?')} clients read their own "
+            "data folders, "
             f"exported {how if exported else 'by hand (no partition.json)'}; the header's split "
             "settings are the run config's (config.json: client-data)."]
 
@@ -778,7 +796,8 @@ def _table_over_seeds(runs: list[Path], configs: dict[Path, dict[str, Any]],
     summary = {names[g]: seed_stats({s: per_seed[s][names[g]] for s in seeds}) for g in groups}
     shared = _shared(configs)
     n = int(shared.get("num-partitions") or 0)
-    extra = (*own_folders(shared), *shared_settings(configs.values()),
+    extra = (*own_folders({"client-data": _export_seed_left_out(shared.get("client-data"))}),
+             *shared_settings(configs.values()),
              *_differences({names[g]: {**c, "seed": None} for g, c in first.items()}, {},
                            {labels[d]: configs[d] for d in labels}),
              "", "Runs: " + "; ".join(f"{label}: {d}" for d, label in labels.items()) + ".")

@@ -38,11 +38,13 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON file's object; {} where it is missing, unreadable or not an object."""
     try:
-        return json.loads(path.read_text())
+        value = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
+    return value if isinstance(value, dict) else {}
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -96,7 +98,7 @@ class RunDir:
             self.rows = self._keep_rows(resume_round)
             if (self.path / "summary.json").exists():  # extended: only a new summary says "done"
                 os.replace(self.path / "summary.json", self._before_resume("summary.json"))
-            earlier = _read_json(self.path / "config.json")
+            earlier = read_json(self.path / "config.json")
             self.run_id = earlier.get("run-id")  # None for runs made before run ids
             config = {**config, "resumed-after-rounds": [
                 *earlier.get("resumed-after-rounds", []), resume_round]}

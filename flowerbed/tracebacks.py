@@ -24,6 +24,8 @@ STARTS = (TRACEBACK, FAILED_MESSAGE, RAY_CHAIN)
 # lines inside a traceback that are not indented
 INSIDE = (TRACEBACK, "The above exception was the direct cause", "During handling of the above exception",
           RAY_CHAIN, "Exception ClientAppException occurred", "+", "|")
+CLIENTAPP_TEXT = "ClientAppException occurred. Message: "  # Flower's wrapper's text, then the original's
+_NOT_MESSAGE = (TRACEBACK, "The above exception", "During handling", RAY_CHAIN, "+", "|")
 _RECORD = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")  # a log record's first line
 _EXCEPTION = re.compile(r"^([A-Za-z_]\w*(?:\.\w+)*(?:\([\w.]+\))?)(?::\s?(.*))?$")  # Ray: Error(Cause)
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)(?:, in (\S+))?')
@@ -66,7 +68,7 @@ def failures(lines: list[str], pending: Counter[str]) -> list[tuple[str, bool, i
             continue
         read = True
         kind, text, frames = next((c for c in reversed(chain) if not wrapper(c[0])), chain[-1])
-        key = text.split("Message: ", 1)[-1]
+        key = (text.partition(CLIENTAPP_TEXT)[2] or text) if wrapper(kind) else text
         ray = RAY_CHAIN in record[0]
         if not ray and pending[key] > 0:  # Flower's worker's record of a failure Ray's named
             pending[key] -= 1
@@ -95,21 +97,34 @@ def wrapper(kind: str) -> bool:
 
 
 def _chain(record: list[str]) -> list[tuple[str, str, list[tuple[str, str, str | None]]]]:
-    """A record's exceptions in the order printed (the cause first), each with its frames."""
+    """A record's exceptions in the order printed (the cause first), each with its frames and
+    its whole text (the lines of a multi-line message joined by " | ")."""
     chain, frames, after_code = [], [], False
     for i, line in enumerate(record):
         if m := _FRAME.match(line):
             frames.append(m.groups())
             after_code = True
         elif after_code and not line[:1].isspace() and (m := _EXCEPTION.match(line)):
-            text = (m.group(2) or "").strip()
-            if not text and i + 1 < len(record):  # ClientAppException: the text follows
-                text = record[i + 1].strip()
-            chain.append((m.group(1), text, frames))
+            parts = [(m.group(2) or "").strip()]
+            for more in record[i + 1:]:  # the message's further lines (ClientAppException's text)
+                if not more.strip() or _FRAME.match(more) or more.startswith(_NOT_MESSAGE):
+                    break
+                parts.append(more.strip())
+            chain.append((m.group(1), " | ".join(p for p in parts if p), frames))
             frames, after_code = [], False
         elif not line.strip() or not line[:1].isspace():
             after_code = False
     return chain
+
+
+def exception_of(text: str) -> tuple[str, str] | None:
+    """(type, message) of the exception that says most in a traceback's text (the last of its
+    chain that is not Flower's wrapper), or None where it names none."""
+    chain = _chain([_GROUP.sub("", line) for line in text.splitlines()])
+    if not chain:
+        return None
+    kind, message, _ = next((c for c in reversed(chain) if not wrapper(c[0])), chain[-1])
+    return kind, message
 
 
 class Folder:

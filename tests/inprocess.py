@@ -75,7 +75,9 @@ class LocalGrid(Grid):
         try:
             reply = client_app.app(incoming, ctx)
         except Exception as e:  # noqa: BLE001 - what Flower's runtime turns into an error reply
-            return Message(error=Error(code=2, reason=f"{type(e).__name__}: {e}"), reply_to=incoming)
+            # (as Flower's runtime words it: str(type) + the message)
+            reason = str(type(e)) + ":<'" + str(e) + "'>"
+            return Message(error=Error(code=2, reason=reason), reply_to=incoming)
         return copy.deepcopy(reply)
 
 

@@ -746,6 +746,14 @@ def test_failure_reasons_are_one_readable_line():
                  "\nException ClientAppException occurred. Message: injected fault: partition 0 raises "
                  "in round 1'>")
     assert short_reason(simulated) == "injected fault: partition 0 raises in round 1"
+    # Ray's text holds the original exception: named as under deployment, whole message kept
+    chained = simulated.replace("  File", "  File \"/a/flowerbed/b.py\", line 2, in g\n    raise\n"
+                                "RuntimeError: size mismatch\n\tfor fc.weight\n\nThe above exception was "
+                                "the direct cause of the following exception:\n\nray::x\n  File", 1)
+    assert short_reason(chained) == "RuntimeError: size mismatch | for fc.weight"
+    assert short_reason(chained.replace("RuntimeError: size", "ValueError: HTTP Message: 404, size")
+                        ) == "ValueError: HTTP Message: 404, size mismatch | for fc.weight"
+    assert short_reason("<class 'AssertionError'>:<''>") == "AssertionError (no message)"
     deployed = "<class 'flowerbed.faults.InjectedFault'>:<'injected fault: partition 0 raises'>"
     assert short_reason(deployed) == "InjectedFault: injected fault: partition 0 raises"
 

@@ -168,30 +168,62 @@ def test_a_run_on_exported_folders_records_their_split(tmp_path, caplog):
     """A run on the clients' own folders recorded only its run config's split (partition, seed)
     in config.json, so `flowerbed table` took it for a run of that split. The ServerApp now
     records the folders' export settings (client-data) and warns where they differ; table
-    refuses to put it beside a run of the seeded split."""
+    refuses to put it beside a run of the seeded split, and a resume on other data is refused."""
+    import shutil
+
     from inprocess import run_inprocess
 
-    from flowerbed import compare
+    from flowerbed import compare, faults
+    from flowerbed.apps.server_app import client_data
 
     export = Config.from_run_config({"train-samples": 600, "partition": "iid", "seed": 3})
-    folders = export_partitions(export, 3, tmp_path / "data")
+    folders = [{"data-dir": str(f)} for f in export_partitions(export, 3, tmp_path / "data")]
     base = {"num-server-rounds": 1, "train-samples": 600, "test-samples": 200,
             "output-dir": str(tmp_path), "client-state-dir": str(tmp_path / "state")}
     with caplog.at_level("WARNING", logger="flowerbed"):
-        run_inprocess({**base, "run-name": "own"}, 3, [{"data-dir": str(f)} for f in folders])
-    data = json.loads((tmp_path / "own" / "config.json").read_text())["client-data"]
-    assert data == {"own-folders": 3, "exported-with": {
-        "partition": "iid", "seed": 3, "train-samples": 600, "public-fraction": 0.0,
-        "local-test-fraction": 0.1}}
-    assert ("3 of 3 clients train on their own data folders, exported with partition='iid', "
-            "seed=3; this run's config has partition='dirichlet:0.5', seed=0") in caplog.text
+        run_inprocess({**base, "run-name": "own"}, 3, folders)
+    config = json.loads((tmp_path / "own" / "config.json").read_text())
+    exported = {"partition": "iid", "seed": 3, "train-samples": 600, "public-fraction": 0.0,
+                "local-test-fraction": 0.1}
+    assert config["client-data"] == {"own-folders": 3, "clients": 3, "exported-with": exported}
+    assert ("3 of 3 clients train on their own data folders (3 exported with partition='iid', "
+            "seed=3; this run's config has partition='dirichlet:0.5', seed=0): they train on their "
+            "folders' split; config.json records both (client-data)") in caplog.text
     run_inprocess({**base, "run-name": "seeded"}, 3)
     assert "client-data" not in json.loads((tmp_path / "seeded" / "config.json").read_text())
     with pytest.raises(ConfigError, match="not on the same data: their client-data differs"):
         compare.table_of_runs([tmp_path / "own", tmp_path / "seeded"], tmp_path / "t")
     table, _ = compare.table_of_runs([tmp_path / "own"], tmp_path / "t1")
-    assert ("The clients read their own data folders (3 of them), exported with local-test-fraction "
-            "0.1, partition 'iid', public-fraction 0.0, seed 3, train-samples 600; the header's") in table
+    assert ("3 of the 3 clients read their own data folders, exported with local-test-fraction 0.1, "
+            "partition 'iid', public-fraction 0.0, seed 3, train-samples 600; the header's") in table
+    # another seed's run on its seed's export: a table over seeds (the exports' seed left out)
+    other = tmp_path / "seed1"
+    shutil.copytree(tmp_path / "own", other)
+    config.update({"seed": 1, "client-data": {**config["client-data"],
+                                              "exported-with": {**exported, "seed": 4}}})
+    (other / "config.json").write_text(json.dumps(config))
+    table, _ = compare.table_of_runs([tmp_path / "own", other], tmp_path / "t2")
+    assert "seeds 0, 1 (mean ± sample std over seeds)" in table and "exported with local-test-fraction " \
+        "0.1, partition 'iid', public-fraction 0.0, train-samples 600;" in table
+    config["seed"] = 0  # the same run seed on another export: other data
+    (other / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="their client-data differs"):
+        compare.table_of_runs([tmp_path / "own", other], tmp_path / "t3")
+    # a resume must read the data the run started on
+    crash = {**base, "run-name": "halt", "num-server-rounds": 2, "fault-crash-after": 1}
+    with pytest.raises(faults.SimulatedCrash):
+        run_inprocess(crash, 3, folders)
+    with pytest.raises(ConfigError, match="its clients trained on their own data folders, exported "
+                                          "with .*this run's clients read the seeded split"):
+        run_inprocess({**crash, "fault-crash-after": 0, "resume": str(tmp_path / "halt")}, 3)
+    # a hand-written partition.json's values are read as the run config's
+    caplog.clear()
+    cfg = Config.from_run_config({"partition": "dirichlet:1", "train-samples": 600})
+    with caplog.at_level("WARNING", logger="flowerbed"):
+        got = client_data({0: ("/d", {"partition": "dirichlet:1", "train-samples": 600.0}),
+                           1: ("/e", {})}, cfg, 3)
+    assert not caplog.text and got["client-data"] == {"own-folders": 2, "clients": 3, "exported-with": {
+        "0": {"partition": "dirichlet:1.0", "train-samples": 600}, "1": {}}}
 
 
 def test_export_data_does_not_overwrite_an_earlier_export(tmp_path, capsys):

@@ -458,7 +458,8 @@ def test_flwr_run_killed_then_resumed_through_the_real_engine(superlink, tmp_pat
     assert all(r["clients-ok"] + r["clients-failed"] == 3 for r in rows)
     failed = [f for r in rows for f in r["failures"]]
     assert all(f["partition"] in (0, 1, 2) and f["reason"].startswith(  # Flower's reason, readable
-        "the ClientApp raised (Flower error code 2): injected fault: partition ") for f in failed), failed
+        "the ClientApp raised (Flower error code 2): InjectedFault: injected fault: partition ")
+        for f in failed), failed
     console = capsys.readouterr().out
     folded = [ln for ln in console.splitlines() if "[a ClientApp raised " in ln]
     assert "Traceback" not in console and len(folded) == len(failed), console[-3000:]

@@ -25,6 +25,7 @@ from flowerbed.results import (
     make_folder,
     measure,
     new_folder,
+    read_json,
     refuse_existing,
     software,
     writable_folder,
@@ -128,24 +129,55 @@ def warn_unused_data(cfg: Config, test) -> None:
 def client_data(folders: dict[int, tuple[str, dict[str, Any]]], cfg: Config,
                 num_partitions: int) -> dict[str, Any]:
     """config.json's ``client-data`` where clients train on their own data folders (``deploy up
-    --data-dirs``, ``data-dir=`` in a SuperNode's node config): how many, and the split settings
-    their exports record (one dict where they agree, else each partition's), so that a run on
-    exported folders is not taken for a run of its run config's split (``flowerbed table``
-    compares it). Warns where the exports' settings differ from the run config's."""
+    --data-dirs``, ``data-dir=`` in a SuperNode's node config), as the nodes that answered before
+    round 1 report them: how many of the clients, and the split settings their exports record
+    (normalised as the run config's; one dict where they agree, else each partition's, {} for a
+    folder without partition.json), so that a run on exported folders is not taken for a run of
+    its run config's split (``flowerbed table`` compares it). Warns where an export's settings
+    differ from the run config's."""
     if not folders:
         return {}
-    settings = {pid: exported for pid, (_, exported) in sorted(folders.items())}
+    run = split_settings(cfg)
+    settings = {pid: _normalised(exported, cfg) for pid, (_, exported) in sorted(folders.items())}
     distinct = {json.dumps(e, sort_keys=True) for e in settings.values()}
     exported_with = next(iter(settings.values())) if len(distinct) == 1 else {
         str(pid): e for pid, e in settings.items()}
-    run = split_settings(cfg)
     if differ := sorted({k for e in settings.values() for k, v in e.items() if k in run and v != run[k]}):
-        log.warning("%d of %d clients train on their own data folders, exported with %s; this "
-                    "run's config has %s: config.json records both (client-data), and the clients "
-                    "train on the folders' split", len(folders), num_partitions,
+        exported = sum(bool(e) for e in settings.values())
+        log.warning("%d of %d clients train on their own data folders (%d exported with %s; this "
+                    "run's config has %s): they train on their folders' split%s; config.json records "
+                    "both (client-data)", len(folders), num_partitions, exported,
                     ", ".join(f"{k}=" + "/".join(sorted({repr(e[k]) for e in settings.values() if k in e}))
-                              for k in differ), ", ".join(f"{k}={run[k]!r}" for k in differ))
-    return {"client-data": {"own-folders": len(folders), "exported-with": exported_with}}
+                              for k in differ), ", ".join(f"{k}={run[k]!r}" for k in differ),
+                    f", the other {num_partitions - len(folders)} on the run config's"
+                    if len(folders) < num_partitions else "")
+    return {"client-data": {"own-folders": len(folders), "clients": num_partitions,
+                            "exported-with": exported_with}}
+
+
+def _normalised(exported: dict[str, Any], cfg: Config) -> dict[str, Any]:
+    """An export's split settings as the run config writes them ('dirichlet:1' as
+    'dirichlet:1.0', 600.0 as 600); as they are where they are not valid settings."""
+    try:
+        as_config = split_settings(Config.from_run_config({**cfg.to_run_config(), **exported}))
+    except (ConfigError, TypeError, ValueError):
+        return exported
+    return {k: as_config[k] for k in exported if k in as_config}
+
+
+def check_resumed_data(earlier: dict[str, Any], now: dict[str, Any], path: Path) -> None:
+    """A resumed run must read the data it started on: its clients' own folders (the same
+    exports) or the seeded split, as config.json's ``client-data`` records."""
+    def data(c: dict[str, Any]) -> Any:
+        return (c.get("client-data") or {}).get("exported-with", "seeded split")
+
+    if data(earlier) != data(now):
+        def said(c: dict[str, Any]) -> str:
+            return ("the seeded split" if "client-data" not in c else
+                    f"their own data folders, exported with {json.dumps(data(c))}")
+        raise ConfigError("resume", str(path), f"its clients trained on {said(earlier)}; this run's "
+                          f"clients read {said(now)}: resume it where the same data is served "
+                          "(deploy up --data-dirs with the same folders, then deploy run --resume)")
 
 
 def run(grid: Grid, cfg: Config) -> dict[str, Any]:
@@ -180,6 +212,9 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     ckpt, output_dir, run_name = _resume_point(cfg, identity)
     described = {**identity, "server-device": str(device), "software": software(), **strategy.describe(),
                  **client_data(strategy.data_folders, cfg, num_partitions)}
+    if ckpt is not None:
+        check_resumed_data(read_json(Path(output_dir) / run_name / "config.json"), described,
+                           Path(output_dir) / run_name)
     with RunDir(output_dir, run_name, described,
                 resume_round=ckpt["round"] if ckpt else None) as run_dir:  # this ServerApp's till it ends
         strategy.run_key = client_state.run_key(run_dir.path, run_dir.run_id)

@@ -32,6 +32,7 @@ from flwr.serverapp.strategy import FedAvg, Result
 
 from flowerbed.config import Config, ConfigError
 from flowerbed.datasets.loading import DataSet
+from flowerbed.tracebacks import CLIENTAPP_TEXT, exception_of, wrapper
 from flowerbed.training import evaluate, is_finite, load_record, to_record
 
 log = logging.getLogger("flowerbed")
@@ -98,14 +99,21 @@ ERROR_NAMES = {ErrorCode.LOAD_CLIENT_APP_EXCEPTION: "the ClientApp could not be 
 
 def short_reason(reason: str) -> str:
     """A client's error reason in one line. Flower writes an exception as ``<class 'X'>:<'text'>``:
-    under the simulation engine X is Ray's RayTaskError(ClientAppException), whose text (Ray's
-    traceback) ends in the original exception's text (only that is kept); a deployed
-    ClientApp's X is the original exception (its name is kept). Anything else: its last
+    a deployed ClientApp's X is the exception itself; under the simulation engine it is Ray's
+    RayTaskError(ClientAppException), whose text is Ray's traceback of the original (named from
+    that traceback, as under deployment: ``KeyError: 'lr'``). Anything else: its last
     meaningful line (of a possibly 1 kB traceback)."""
     text = str(reason).strip()
     if m := _FLOWER_REASON.match(text):
-        kind, text = m.group(1).rsplit(".", 1)[-1], m.group(2).strip()
-        text = text.rsplit("Message: ", 1)[-1] if "ClientAppException" in kind else f"{kind}: {text}"
+        kind, text = m.group(1), m.group(2)
+        if wrapper(kind):
+            found = exception_of(text)
+            kind, text = found if found and not wrapper(found[0]) else (
+                "", text.partition(CLIENTAPP_TEXT)[2] or text)
+        lines = " | ".join(ln.strip() for ln in text.splitlines() if ln.strip())
+        kind = kind.rsplit(".", 1)[-1]
+        said = f"{kind}: {lines}" if kind and lines else kind and f"{kind} (no message)" or lines
+        return said[:300] or "unknown error"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     # (a reason cut from Flower's repr can still end in its "'>")
     return lines[-1].removesuffix("'>")[:300] if lines else "unknown error"
