@@ -616,11 +616,15 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
         except (OSError, ValueError, TypeError) as e:
             raise ConfigError("RUN_DIR", str(d), f"its config.json is unreadable ({e})") from None
     labels = run_labels(runs, configs)
-    # runs over seeds: on own data folders, each seed's may be an export of that seed
+    # runs over seeds: on own data folders, each seed's may be an export of that seed (but the
+    # runs of one seed share theirs)
+    by_seed: dict[Any, dict[Path, dict[str, Any]]] = {}
+    for d, c in configs.items():
+        by_seed.setdefault(json.dumps(c.get("seed")), {})[d] = c
     over_seeds = _differs(configs, "seed") and not any(
         _differs(configs, k) for k in SPLIT_KEYS if k not in ("seed", "client-data")) and not _differs(
         {d: {**c, "client-data": _export_seed_left_out(c["client-data"])} for d, c in configs.items()},
-        "client-data")
+        "client-data") and not any(_differs(runs, "client-data") for runs in by_seed.values())
     for key in sorted(SPLIT_KEYS, key=lambda k: k == "seed"):  # a key besides the seed first
         if _differs(configs, key) and not over_seeds:
             raise ConfigError("RUN_DIR", "; ".join(labels.values()), f"the runs were not on the "

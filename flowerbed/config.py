@@ -480,6 +480,17 @@ class Config:
         return cfg
 
 
+def normalised(key: str, value: Any) -> Any:
+    """``value`` of run-config ``key`` as a Config holds it ('dirichlet:1' as 'dirichlet:1.0',
+    600.0 as 600), checked on its own (not against other keys); a ConfigError where it is no
+    value of that key."""
+    types = {f.name.replace("_", "-"): f.type for f in fields(Config)}
+    if key not in types:
+        raise ConfigError(key, value, "unknown key")
+    value = _coerce(key, value, types[key])
+    return str(parse_partition(value)) if key == "partition" else value
+
+
 def _coerce(key: str, value: Any, typ: Any) -> Any:
     """Convert a TOML value to the field's type, or raise a ConfigError naming the key."""
     name = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))

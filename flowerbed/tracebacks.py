@@ -29,8 +29,15 @@ _NOT_MESSAGE = (TRACEBACK, "The above exception", "During handling", RAY_CHAIN, 
 _RECORD = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")  # a log record's first line
 _EXCEPTION = re.compile(r"^([A-Za-z_]\w*(?:\.\w+)*(?:\([\w.]+\))?)(?::\s?(.*))?$")  # Ray: Error(Cause)
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)(?:, in (\S+))?')
+_ACTOR = re.compile(r"^\(\w+ pid=\d+")  # Ray's prefix of an actor's output line
+_SEPARATOR = re.compile(r"^\s*[|]?\s*\+[-+]")  # "  +-+---- 1 ----", "    +---- 2 ----"
 _GROUP = re.compile(r"^\s*[|+](?:-+[+-]*)?\s?")  # an exception group's margin
 MAX_MESSAGE = 200
+
+
+def _ungroup(line: str) -> str:
+    """A line without an exception group's margin; a group's separator line as a blank one."""
+    return "" if _SEPARATOR.match(line) else _GROUP.sub("", line)
 
 
 def short_path(path: str) -> str:
@@ -59,7 +66,7 @@ def failures(lines: list[str], pending: Counter[str]) -> list[tuple[str, bool, i
     for line in lines:
         if _RECORD.match(line) or not records:
             records.append([])
-        records[-1].append(_GROUP.sub("", line))
+        records[-1].append(_ungroup(line))
     found: dict[str, list] = {}  # a failure's message text -> [summary, client, count]
     read = False
     for record in records:
@@ -107,7 +114,8 @@ def _chain(record: list[str]) -> list[tuple[str, str, list[tuple[str, str, str |
         elif after_code and not line[:1].isspace() and (m := _EXCEPTION.match(line)):
             parts = [(m.group(2) or "").strip()]
             for more in record[i + 1:]:  # the message's further lines (ClientAppException's text)
-                if not more.strip() or _FRAME.match(more) or more.startswith(_NOT_MESSAGE):
+                if (not more.strip() or _FRAME.match(more) or more.startswith(_NOT_MESSAGE)
+                        or _ACTOR.match(more)):
                     break
                 parts.append(more.strip())
             chain.append((m.group(1), " | ".join(p for p in parts if p), frames))
@@ -120,7 +128,7 @@ def _chain(record: list[str]) -> list[tuple[str, str, list[tuple[str, str, str |
 def exception_of(text: str) -> tuple[str, str] | None:
     """(type, message) of the exception that says most in a traceback's text (the last of its
     chain that is not Flower's wrapper), or None where it names none."""
-    chain = _chain([_GROUP.sub("", line) for line in text.splitlines()])
+    chain = _chain([_ungroup(line) for line in text.splitlines()])
     if not chain:
         return None
     kind, message, _ = next((c for c in reversed(chain) if not wrapper(c[0])), chain[-1])
@@ -137,6 +145,7 @@ class Folder:
         self.raw: list[str] = []  # as they came, for a block that names no failure
         self.prefix = ""
         self.pending: Counter[str] = Counter()  # failures whose worker's record is still to come
+        self.in_message = False  # an exception's (multi-line) message is being read
 
     def feed(self, line: str) -> list[str]:
         text = ANSI.sub("", line).rstrip("\n")
@@ -150,16 +159,24 @@ class Folder:
             shown = self.flush()
         starts = next((s for s in STARTS if s in text), None)
         if starts and (_RECORD.match(text) or text.startswith(TRACEBACK)):
-            self.block, self.raw = [text], [line]
+            self.block, self.raw, self.in_message = [text], [line], False
             at = line.find(starts)
             self.prefix = line[:at] if _RECORD.match(text) and at > 0 else "  "
             return shown
         return [*shown, line]
 
     def _inside(self, text: str) -> bool:
-        """Whether a line that is not a log record's continues the traceback block."""
-        return not text.strip() or text[:1].isspace() or text.startswith(INSIDE) or (
-            bool(_EXCEPTION.match(text)) and bool(self.block) and self._after_code())
+        """Whether a line that is not a log record's continues the traceback block: traceback
+        lines, and an exception's message up to the next blank line."""
+        if not text.strip():
+            self.in_message = False
+            return True
+        if _ACTOR.match(text):  # a Ray actor's own output: never part of a traceback
+            return False
+        if self.in_message or text[:1].isspace() or text.startswith(INSIDE):
+            return True
+        self.in_message = bool(_EXCEPTION.match(text)) and self._after_code()
+        return self.in_message
 
     def _after_code(self) -> bool:
         last = self.block[-1] if self.block else ""

@@ -754,6 +754,15 @@ def test_failure_reasons_are_one_readable_line():
     assert short_reason(chained.replace("RuntimeError: size", "ValueError: HTTP Message: 404, size")
                         ) == "ValueError: HTTP Message: 404, size mismatch | for fc.weight"
     assert short_reason("<class 'AssertionError'>:<''>") == "AssertionError (no message)"
+    # from a review: Ray's traceback of a load failure (with its colours), a long multi-line text
+    load = ("<class 'ray.exceptions.RayTaskError(LoadClientAppError)'>:<'\x1b[36mray::ClientAppActor.run()"
+            "\x1b[39m (pid=1)\n  File \"/v/site-packages/flwr/a.py\", line 9, in run\n    raise X\n"
+            "flwr.clientapp.client_app.LoadClientAppError: could not load app'>")
+    assert short_reason(load) == "LoadClientAppError: could not load app"
+    died = short_reason("<class 'ray.exceptions.ActorDiedError'>:<'The actor died.\n" + "\tpid: 1\n" * 60
+                        + "The actor was killed by SIGKILL by OOM killer.'>")
+    assert len(died) <= 300 and died.startswith("ActorDiedError: The actor died.") and died.endswith(
+        "killed by SIGKILL by OOM killer.")
     deployed = "<class 'flowerbed.faults.InjectedFault'>:<'injected fault: partition 0 raises'>"
     assert short_reason(deployed) == "InjectedFault: injected fault: partition 0 raises"
 

@@ -190,7 +190,7 @@ def test_a_run_on_exported_folders_records_their_split(tmp_path, caplog):
             "seed=3; this run's config has partition='dirichlet:0.5', seed=0): they train on their "
             "folders' split; config.json records both (client-data)") in caplog.text
     run_inprocess({**base, "run-name": "seeded"}, 3)
-    assert "client-data" not in json.loads((tmp_path / "seeded" / "config.json").read_text())
+    assert json.loads((tmp_path / "seeded" / "config.json").read_text())["client-data"] is None
     with pytest.raises(ConfigError, match="not on the same data: their client-data differs"):
         compare.table_of_runs([tmp_path / "own", tmp_path / "seeded"], tmp_path / "t")
     table, _ = compare.table_of_runs([tmp_path / "own"], tmp_path / "t1")
@@ -209,6 +209,16 @@ def test_a_run_on_exported_folders_records_their_split(tmp_path, caplog):
     (other / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="their client-data differs"):
         compare.table_of_runs([tmp_path / "own", other], tmp_path / "t3")
+    # seeds whose exports cross between methods (a review): seed 0's column on two exports
+    for name, seed, export_seed in (("b0", 0, 4), ("b1", 1, 3)):
+        shutil.copytree(tmp_path / "own", tmp_path / name)
+        (tmp_path / name / "config.json").write_text(json.dumps({**config, "method": "fedprox", "seed": seed,
+            "client-data": {**config["client-data"], "exported-with": {**exported, "seed": export_seed}}}))
+    config.update({"seed": 1, "client-data": {**config["client-data"],
+                                              "exported-with": {**exported, "seed": 4}}})
+    (other / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="their client-data differs"):
+        compare.table_of_runs([tmp_path / "own", other, tmp_path / "b0", tmp_path / "b1"], tmp_path / "t4")
     # a resume must read the data the run started on
     crash = {**base, "run-name": "halt", "num-server-rounds": 2, "fault-crash-after": 1}
     with pytest.raises(faults.SimulatedCrash):
@@ -224,6 +234,19 @@ def test_a_run_on_exported_folders_records_their_split(tmp_path, caplog):
                            1: ("/e", {})}, cfg, 3)
     assert not caplog.text and got["client-data"] == {"own-folders": 2, "clients": 3, "exported-with": {
         "0": {"partition": "dirichlet:1.0", "train-samples": 600}, "1": {}}}
+    fedcc = Config.from_run_config({"method": "fedcc", "partition": "dirichlet:1", "public-fraction": 0.1})
+    assert client_data({0: ("/d", {"partition": "dirichlet:1", "public-fraction": 0.0})}, fedcc, 1)[
+        "client-data"]["exported-with"] == {"partition": "dirichlet:1.0", "public-fraction": 0.0}
+    # resumes: a run made before client-data was recorded is not checked; a late node is no difference
+    from flowerbed.apps.server_app import check_resumed_data
+
+    own = {"client-data": {"own-folders": 2, "exported-with": {"0": exported, "1": exported}}}
+    check_resumed_data({}, own, tmp_path)
+    check_resumed_data(own, {"client-data": {"own-folders": 1, "exported-with": exported}}, tmp_path)
+    with pytest.raises(ConfigError, match="its clients trained on the seeded split; this run's clients"):
+        check_resumed_data({"client-data": None}, own, tmp_path)
+    with pytest.raises(ConfigError, match="this run's clients read their own data folders, exported"):
+        check_resumed_data(own, {"client-data": {"exported-with": {**exported, "seed": 9}}}, tmp_path)
 
 
 def test_export_data_does_not_overwrite_an_earlier_export(tmp_path, capsys):

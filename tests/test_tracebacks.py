@@ -146,3 +146,18 @@ def test_syntax_errors_exception_groups_and_clones_named_flowerbed():
     assert short_path("/data/own.py") == "/data/own.py"
     assert fold("INFO flowerbed: [round 1/1] acc 0.5\n  indented\nKeyError: not in a traceback\n") == [
         "INFO flowerbed: [round 1/1] acc 0.5\n", "  indented\n", "KeyError: not in a traceback\n"]
+
+
+def test_a_multi_line_message_is_read_whole_and_a_group_separator_is_not_a_message():
+    """From a review: a message whose second line is not indented ended the fold, and Ray's
+    chain after it was shown raw; a group's separator line was read as part of a message."""
+    inner = [*OURS[:-1], "ValueError: first line", "second line"]
+    shown = fold(FAILED + ray_chain(inner) + worker(inner) + "INFO flowerbed: [round 1/1]\n")
+    assert len(shown) == 2 and "[a ClientApp raised ValueError: first line | second line (at " in shown[0]
+    group = ["Traceback (most recent call last):", f'  File "{APP}/x.py", line 3, in f',
+             "    raise ExceptionGroup(...)", "ExceptionGroup: two (2 sub-exceptions)",
+             "  +-+---------------- 1 ----------------", "    | Traceback (most recent call last):",
+             f'    |   File "{APP}/x.py", line 4, in g', "    |     raise ValueError('a')",
+             "    | ValueError: a",
+             "    +---------------- 2 ----------------"]
+    assert "[ValueError: a (at flowerbed/x.py:4 in g);" in fold("\n".join(group) + "\n")[0]

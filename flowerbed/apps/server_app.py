@@ -16,7 +16,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from flowerbed import checkpoint, client_state, faults
-from flowerbed.config import DISTILL_METHODS, SSL_METHODS, Config, ConfigError, defaults, reads
+from flowerbed.config import DISTILL_METHODS, SSL_METHODS, Config, ConfigError, defaults, normalised, reads
 from flowerbed.datasets.federated import client_partitions, full_train, split_settings, test_set, train_set
 from flowerbed.datasets.partition import warn_unheld
 from flowerbed.registry import METHODS
@@ -128,17 +128,18 @@ def warn_unused_data(cfg: Config, test) -> None:
 
 def client_data(folders: dict[int, tuple[str, dict[str, Any]]], cfg: Config,
                 num_partitions: int) -> dict[str, Any]:
-    """config.json's ``client-data`` where clients train on their own data folders (``deploy up
-    --data-dirs``, ``data-dir=`` in a SuperNode's node config), as the nodes that answered before
-    round 1 report them: how many of the clients, and the split settings their exports record
+    """config.json's ``client-data`` (None: the seeded split) where clients train on their own
+    data folders (``deploy up --data-dirs``, ``data-dir=`` in a SuperNode's node config), as the
+    nodes that answered before round 1 report them: how many of the clients, and the split
+    settings their exports record
     (normalised as the run config's; one dict where they agree, else each partition's, {} for a
     folder without partition.json), so that a run on exported folders is not taken for a run of
     its run config's split (``flowerbed table`` compares it). Warns where an export's settings
     differ from the run config's."""
     if not folders:
-        return {}
+        return {"client-data": None}  # the seeded split
     run = split_settings(cfg)
-    settings = {pid: _normalised(exported, cfg) for pid, (_, exported) in sorted(folders.items())}
+    settings = {pid: _normalised(exported) for pid, (_, exported) in sorted(folders.items())}
     distinct = {json.dumps(e, sort_keys=True) for e in settings.values()}
     exported_with = next(iter(settings.values())) if len(distinct) == 1 else {
         str(pid): e for pid, e in settings.items()}
@@ -155,29 +156,47 @@ def client_data(folders: dict[int, tuple[str, dict[str, Any]]], cfg: Config,
                             "exported-with": exported_with}}
 
 
-def _normalised(exported: dict[str, Any], cfg: Config) -> dict[str, Any]:
+def _normalised(exported: dict[str, Any]) -> dict[str, Any]:
     """An export's split settings as the run config writes them ('dirichlet:1' as
-    'dirichlet:1.0', 600.0 as 600); as they are where they are not valid settings."""
-    try:
-        as_config = split_settings(Config.from_run_config({**cfg.to_run_config(), **exported}))
-    except (ConfigError, TypeError, ValueError):
-        return exported
-    return {k: as_config[k] for k in exported if k in as_config}
+    'dirichlet:1.0', 600.0 as 600), each on its own; a value that is no value of its key as it is."""
+    out = {}
+    for k, v in exported.items():
+        try:
+            out[k] = normalised(k, v)
+        except ConfigError:
+            out[k] = v
+    return out
 
 
 def check_resumed_data(earlier: dict[str, Any], now: dict[str, Any], path: Path) -> None:
-    """A resumed run must read the data it started on: its clients' own folders (the same
-    exports) or the seeded split, as config.json's ``client-data`` records."""
-    def data(c: dict[str, Any]) -> Any:
-        return (c.get("client-data") or {}).get("exported-with", "seeded split")
+    """A resumed run must read the data it started on: config.json's ``client-data`` records
+    whether its clients read their own folders (and their exports' settings) or the seeded split
+    (null). Runs made before it was recorded are not checked; where both read folders, only the
+    partitions both record are compared (a node late to answer is not a difference)."""
+    if "client-data" not in earlier:
+        return
+    before, after = earlier["client-data"], now.get("client-data")
 
-    if data(earlier) != data(now):
-        def said(c: dict[str, Any]) -> str:
-            return ("the seeded split" if "client-data" not in c else
-                    f"their own data folders, exported with {json.dumps(data(c))}")
-        raise ConfigError("resume", str(path), f"its clients trained on {said(earlier)}; this run's "
-                          f"clients read {said(now)}: resume it where the same data is served "
-                          "(deploy up --data-dirs with the same folders, then deploy run --resume)")
+    def exports(data: dict[str, Any]) -> dict[str, Any]:  # partition (or "*" for all) -> export
+        e = data.get("exported-with", {})
+        return e if e and all(k.isdigit() for k in e) else {"*": e}
+
+    if isinstance(before, dict) and isinstance(after, dict):
+        b, a = exports(before), exports(after)
+        if "*" in b or "*" in a:  # one export for all: compare it with every partition's
+            b, a = ({p: b.get("*", b.get(p)) for p in a} if "*" in b else b), (
+                {p: a.get("*", a.get(p)) for p in b} if "*" in a else a)
+        if all(b[p] == a[p] for p in set(b) & set(a)):
+            return
+    elif (before is None) == (after is None):
+        return
+
+    def said(data: Any) -> str:
+        return ("the seeded split" if not isinstance(data, dict) else
+                f"their own data folders, exported with {json.dumps(data.get('exported-with'))}")
+    raise ConfigError("resume", str(path), f"its clients trained on {said(before)}; this run's "
+                      f"clients read {said(after)}: resume it where the same data is served "
+                      "(deploy up --data-dirs with the same folders, then deploy run --resume)")
 
 
 def run(grid: Grid, cfg: Config) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from flwr.serverapp.strategy import FedAvg, Result
 
 from flowerbed.config import Config, ConfigError
 from flowerbed.datasets.loading import DataSet
-from flowerbed.tracebacks import CLIENTAPP_TEXT, exception_of, wrapper
+from flowerbed.tracebacks import ANSI, CLIENTAPP_TEXT, exception_of, wrapper
 from flowerbed.training import evaluate, is_finite, load_record, to_record
 
 log = logging.getLogger("flowerbed")
@@ -98,22 +98,23 @@ ERROR_NAMES = {ErrorCode.LOAD_CLIENT_APP_EXCEPTION: "the ClientApp could not be 
 
 
 def short_reason(reason: str) -> str:
-    """A client's error reason in one line. Flower writes an exception as ``<class 'X'>:<'text'>``:
-    a deployed ClientApp's X is the exception itself; under the simulation engine it is Ray's
-    RayTaskError(ClientAppException), whose text is Ray's traceback of the original (named from
-    that traceback, as under deployment: ``KeyError: 'lr'``). Anything else: its last
-    meaningful line (of a possibly 1 kB traceback)."""
-    text = str(reason).strip()
+    """A client's error reason in one line, at most 300 characters (the middle of a longer one
+    cut). Flower writes an exception as ``<class 'X'>:<'text'>``: a deployed ClientApp's X is the
+    exception itself; under the simulation engine X is Ray's RayTaskError(...), whose text is
+    Ray's traceback of the original: named from it, as under deployment (``KeyError: 'lr'``).
+    Anything else: its last meaningful line (of a possibly 1 kB traceback)."""
+    text = ANSI.sub("", str(reason)).strip()
     if m := _FLOWER_REASON.match(text):
         kind, text = m.group(1), m.group(2)
-        if wrapper(kind):
-            found = exception_of(text)
-            kind, text = found if found and not wrapper(found[0]) else (
-                "", text.partition(CLIENTAPP_TEXT)[2] or text)
+        found = exception_of(text)  # a traceback in the text (Ray's): its exception
+        if found and not wrapper(found[0]):
+            kind, text = found
+        elif found or wrapper(kind):  # only Flower's wrapper: its text ends in the original's
+            kind, text = "", text.partition(CLIENTAPP_TEXT)[2] or text
         lines = " | ".join(ln.strip() for ln in text.splitlines() if ln.strip())
         kind = kind.rsplit(".", 1)[-1]
         said = f"{kind}: {lines}" if kind and lines else kind and f"{kind} (no message)" or lines
-        return said[:300] or "unknown error"
+        return (said if len(said) <= 300 else f"{said[:150]} … {said[-147:]}") or "unknown error"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     # (a reason cut from Flower's repr can still end in its "'>")
     return lines[-1].removesuffix("'>")[:300] if lines else "unknown error"
