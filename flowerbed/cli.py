@@ -177,8 +177,15 @@ def with_resume(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[di
 
 def cmd_run(args: argparse.Namespace) -> int:
     from flowerbed import engine
+    from flowerbed.results import read_json
 
     overrides, n = with_resume(args, _with_shortcuts(_overrides(args), args))
+    if args.resume and isinstance(read_json(Path(overrides["resume"]) / "config.json").get("client-data"),
+                                  dict):  # (the ServerApp refuses it too, once the engine has started)
+        raise ConfigError("--resume", args.resume, "its clients trained on their own data folders "
+                          "(client-data in its config.json), and a simulation's clients read the "
+                          "seeded split: continue it with `flowerbed deploy run --resume` on a "
+                          "deployment whose SuperNodes read the same folders (deploy up --data-dirs)")
     if n:
         if args.num_clients is not None and args.num_clients != n:
             raise ConfigError("--num-clients", args.num_clients, f"the run in {args.resume} has "

@@ -505,6 +505,11 @@ def test_run_refuses_a_taken_folder_or_a_finished_resume_before_starting(tmp_pat
     assert "already holds a run; continue it with `flowerbed run --resume" in capsys.readouterr().err
     assert cli.main(["run", "--resume", str(run), "-c", "num-server-rounds=2"]) == 2
     assert "already finished 2 rounds; raise num-server-rounds" in capsys.readouterr().err
+    # a deployed run on the clients' own folders: a simulation cannot serve them
+    (run / "config.json").write_text(json.dumps({"num-server-rounds": 2, "num-partitions": 2,
+                                                 "client-data": {"own-folders": 2, "exported-with": {}}}))
+    assert cli.main(["run", "--resume", str(run), "-c", "num-server-rounds=3"]) == 2
+    assert "continue it with `flowerbed deploy run --resume`" in capsys.readouterr().err
 
 
 def test_resume_with_every_run_kept_starts_no_superlink(tmp_path, monkeypatch):
