@@ -707,8 +707,10 @@ def _export_seed_left_out(data: Any) -> Any:
         return {k: v for k, v in e.items() if k != "seed"} if isinstance(e, dict) else e
 
     per_client = all(k.isdigit() for k in exported) and bool(exported)  # {"0": {...}, "1": {...}}
+    by_partition = data.get("by-partition")
     return {**data, "exported-with": {p: drop(e) for p, e in exported.items()} if per_client
-            else drop(exported)}
+            else drop(exported), **({"by-partition": {p: drop(e) for p, e in by_partition.items()}}
+                                    if isinstance(by_partition, dict) else {})}
 
 
 def own_folders(shared: dict[str, Any]) -> list[str]:

@@ -145,16 +145,21 @@ class Folder:
         self.raw: list[str] = []  # as they came, for a block that names no failure
         self.prefix = ""
         self.pending: Counter[str] = Counter()  # failures whose worker's record is still to come
-        self.in_message = False  # an exception's (multi-line) message is being read
+        self.in_message = False  # just after an exception's line: its message may go on
+        self.maybe: list[tuple[str, str]] = []  # lines held (colourless, as they came): see _verdict
 
     def feed(self, line: str) -> list[str]:
         text = ANSI.sub("", line).rstrip("\n")
         shown: list[str] = []
         if self.block is not None:
-            record = _RECORD.match(text)
-            if (any(s in text for s in STARTS) if record else self._inside(text)):
-                self.block.append(text)
-                self.raw.append(line)
+            verdict = self._verdict(text)
+            if verdict == "keep":  # (with the lines held before it)
+                self.block += [t for t, _ in self.maybe] + [text]
+                self.raw += [raw for _, raw in self.maybe] + [line]
+                self.maybe = []
+                return []
+            if verdict == "hold":
+                self.maybe.append((text, line))
                 return []
             shown = self.flush()
         starts = next((s for s in STARTS if s in text), None)
@@ -165,18 +170,32 @@ class Folder:
             return shown
         return [*shown, line]
 
-    def _inside(self, text: str) -> bool:
-        """Whether a line that is not a log record's continues the traceback block: traceback
-        lines, and an exception's message up to the next blank line."""
+    def _verdict(self, text: str) -> str:
+        """What a line does to the open block: "keep" (it belongs to it), "hold" (it may be an
+        exception's further message lines: kept if the traceback goes on after them, else shown
+        as they came) or "end"."""
+        if _RECORD.match(text):
+            self.in_message = False
+            return "keep" if any(s in text for s in STARTS) else "end"
+        if _ACTOR.match(text):  # a Ray actor's own output: never part of a traceback
+            return "end"
+        if self.maybe:
+            if self.maybe[-1][0].strip():
+                return "hold"
+            if text.startswith(INSIDE):  # "<message>\n\n" then the chain's next part
+                self.in_message = False
+                return "keep"
+            return "hold" if not text.strip() else "end"
         if not text.strip():
             self.in_message = False
-            return True
-        if _ACTOR.match(text):  # a Ray actor's own output: never part of a traceback
-            return False
-        if self.in_message or text[:1].isspace() or text.startswith(INSIDE):
-            return True
+            return "keep"
+        if text[:1].isspace() or text.startswith(INSIDE):
+            self.in_message = self.in_message and not _FRAME.match(text)  # (a frame: a new traceback)
+            return "keep"
+        if self.in_message:
+            return "hold"
         self.in_message = bool(_EXCEPTION.match(text)) and self._after_code()
-        return self.in_message
+        return "keep" if self.in_message else "end"
 
     def _after_code(self) -> bool:
         last = self.block[-1] if self.block else ""
@@ -187,9 +206,10 @@ class Folder:
         if self.block is None:
             return []
         block, raw, self.block, self.raw = self.block, self.raw, None, []
+        held, self.maybe = [line for _, line in self.maybe], []
         found = failures(block, self.pending)
         if found is None:  # nothing read: shown as it came
-            return raw
+            return raw + held
         who = {(True, 1): "a ClientApp raised ", (False, 1): ""}
         return [f"{self.prefix}[{who.get((client, n), f'{n} ClientApps raised ' if client else f'{n}x ')}"
-                f"{summary}; the traceback is in {self.log_file}]\n" for summary, client, n in found]
+                f"{summary}; the traceback is in {self.log_file}]\n" for summary, client, n in found] + held

@@ -185,7 +185,8 @@ def test_a_run_on_exported_folders_records_their_split(tmp_path, caplog):
     config = json.loads((tmp_path / "own" / "config.json").read_text())
     exported = {"partition": "iid", "seed": 3, "train-samples": 600, "public-fraction": 0.0,
                 "local-test-fraction": 0.1}
-    assert config["client-data"] == {"own-folders": 3, "clients": 3, "exported-with": exported}
+    assert config["client-data"] == {"own-folders": 3, "clients": 3, "exported-with": exported,
+                                     "by-partition": {"0": exported, "1": exported, "2": exported}}
     assert ("3 of 3 clients train on their own data folders (3 exported with partition='iid', "
             "seed=3; this run's config has partition='dirichlet:0.5', seed=0): they train on their "
             "folders' split; config.json records both (client-data)") in caplog.text
@@ -232,21 +233,26 @@ def test_a_run_on_exported_folders_records_their_split(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="flowerbed"):
         got = client_data({0: ("/d", {"partition": "dirichlet:1", "train-samples": 600.0}),
                            1: ("/e", {})}, cfg, 3)
-    assert not caplog.text and got["client-data"] == {"own-folders": 2, "clients": 3, "exported-with": {
-        "0": {"partition": "dirichlet:1.0", "train-samples": 600}, "1": {}}}
+    each = {"0": {"partition": "dirichlet:1.0", "train-samples": 600}, "1": {}}
+    assert not caplog.text and got["client-data"] == {"own-folders": 2, "clients": 3, "exported-with": each,
+                                                      "by-partition": each}
     fedcc = Config.from_run_config({"method": "fedcc", "partition": "dirichlet:1", "public-fraction": 0.1})
     assert client_data({0: ("/d", {"partition": "dirichlet:1", "public-fraction": 0.0})}, fedcc, 1)[
         "client-data"]["exported-with"] == {"partition": "dirichlet:1.0", "public-fraction": 0.0}
     # resumes: a run made before client-data was recorded is not checked; a late node is no difference
     from flowerbed.apps.server_app import check_resumed_data
 
-    own = {"client-data": {"own-folders": 2, "exported-with": {"0": exported, "1": exported}}}
-    check_resumed_data({}, own, tmp_path)
-    check_resumed_data(own, {"client-data": {"own-folders": 1, "exported-with": exported}}, tmp_path)
-    with pytest.raises(ConfigError, match="its clients trained on the seeded split; this run's clients"):
-        check_resumed_data({"client-data": None}, own, tmp_path)
-    with pytest.raises(ConfigError, match="this run's clients read their own data folders, exported"):
-        check_resumed_data(own, {"client-data": {"exported-with": {**exported, "seed": 9}}}, tmp_path)
+    other = {**exported, "seed": 9}
+    own = {"client-data": {"by-partition": {"0": exported, "1": other}}}
+    check_resumed_data({}, own, tmp_path)  # (made before client-data)
+    check_resumed_data({"client-data": {"exported-with": exported}}, own, tmp_path)  # (or by-partition)
+    check_resumed_data(own, {"client-data": {"by-partition": {"0": exported}}}, tmp_path)  # 1 is late
+    check_resumed_data({"client-data": None}, {"client-data": None}, tmp_path)
+    for before, after in ((None, own["client-data"]), (own["client-data"], None),
+                          (own["client-data"], {"by-partition": {"0": exported, "1": None}}),
+                          (own["client-data"], {"by-partition": {"0": other}})):
+        with pytest.raises(ConfigError, match="its clients trained on .*; this run's clients read"):
+            check_resumed_data({"client-data": before}, {"client-data": after}, tmp_path)
 
 
 def test_export_data_does_not_overwrite_an_earlier_export(tmp_path, capsys):

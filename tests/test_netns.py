@@ -40,7 +40,9 @@ def test_separate_hosts_with_tls_own_data_and_a_dropout(tmp_path):
         hosts.remove()
     assert_dropped(rows, node=2, num_nodes=3)
     config = json.loads((tmp_path / "netns" / "config.json").read_text())  # the folders' split
-    assert config["client-data"] == {"own-folders": 3, "clients": 3, "exported-with": split_settings(cfg)}
+    exported = split_settings(cfg)
+    assert config["client-data"] == {"own-folders": 3, "clients": 3, "exported-with": exported,
+                                     "by-partition": {str(i): exported for i in range(3)}}
     assert summary["final-accuracy"] > rows[0]["accuracy"]
     for i in (0, 1):  # the SuperNodes trained on their own folders, over the network, with TLS
         node_log = (tmp_path / "home" / "logs" / f"supernode-{i}.log").read_text()

@@ -161,3 +161,16 @@ def test_a_multi_line_message_is_read_whole_and_a_group_separator_is_not_a_messa
              "    | ValueError: a",
              "    +---------------- 2 ----------------"]
     assert "[ValueError: a (at flowerbed/x.py:4 in g);" in fold("\n".join(group) + "\n")[0]
+
+
+def test_lines_after_a_tracebacks_last_exception_are_shown_not_read_as_its_message():
+    """From a review: a warning or print right after a traceback's last exception line was read
+    as that exception's message (and, after Flower's worker's record, counted a failure twice)."""
+    after = ["/x/y.py:3: UserWarning: something\n", "  warnings.warn(\n", "a line printed\n"]
+    shown = fold(SERVER.replace(f"{RED}Exit Code: 700\n", "".join(after)))
+    assert shown[1].startswith("  [KeyError (at flowerbed/apps/server_app.py:235 in run);")
+    assert shown[2:] == after
+    a = [*OURS[:-1], "flowerbed.faults.InjectedFault: partition 0"]
+    shown = fold(FAILED + ray_chain(a) + worker("partition 0") + after[0] + "INFO flowerbed: [round 2/5]\n")
+    assert len(shown) == 3 and "InjectedFault: partition 0 (at" in shown[0] and shown[1:] == [
+        after[0], "INFO flowerbed: [round 2/5]\n"]

@@ -127,7 +127,7 @@ def warn_unused_data(cfg: Config, test) -> None:
 
 
 def client_data(folders: dict[int, tuple[str, dict[str, Any]]], cfg: Config,
-                num_partitions: int) -> dict[str, Any]:
+                num_partitions: int, answered: Any = ()) -> dict[str, Any]:
     """config.json's ``client-data`` (None: the seeded split) where clients train on their own
     data folders (``deploy up --data-dirs``, ``data-dir=`` in a SuperNode's node config), as the
     nodes that answered before round 1 report them: how many of the clients, and the split
@@ -153,7 +153,8 @@ def client_data(folders: dict[int, tuple[str, dict[str, Any]]], cfg: Config,
                     f", the other {num_partitions - len(folders)} on the run config's"
                     if len(folders) < num_partitions else "")
     return {"client-data": {"own-folders": len(folders), "clients": num_partitions,
-                            "exported-with": exported_with}}
+                            "exported-with": exported_with,  # and each partition that answered:
+                            "by-partition": {str(p): settings.get(p) for p in sorted({*answered, *folders})}}}
 
 
 def _normalised(exported: dict[str, Any]) -> dict[str, Any]:
@@ -169,31 +170,27 @@ def _normalised(exported: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_resumed_data(earlier: dict[str, Any], now: dict[str, Any], path: Path) -> None:
-    """A resumed run must read the data it started on: config.json's ``client-data`` records
-    whether its clients read their own folders (and their exports' settings) or the seeded split
-    (null). Runs made before it was recorded are not checked; where both read folders, only the
-    partitions both record are compared (a node late to answer is not a difference)."""
+    """A resumed run must read the data it started on: config.json's ``client-data`` records,
+    for each partition that answered, its own folder's export settings or (null) the seeded
+    split. Partitions both record are compared (a node late to answer is no difference); runs
+    made before it was recorded per partition are not checked."""
     if "client-data" not in earlier:
         return
     before, after = earlier["client-data"], now.get("client-data")
+    if isinstance(before, dict) and not isinstance(before.get("by-partition"), dict):
+        return
 
-    def exports(data: dict[str, Any]) -> dict[str, Any]:  # partition (or "*" for all) -> export
-        e = data.get("exported-with", {})
-        return e if e and all(k.isdigit() for k in e) else {"*": e}
+    def parts(data: Any) -> dict[str, Any]:  # {} for the seeded split: every partition null
+        return data["by-partition"] if isinstance(data, dict) else {}
 
-    if isinstance(before, dict) and isinstance(after, dict):
-        b, a = exports(before), exports(after)
-        if "*" in b or "*" in a:  # one export for all: compare it with every partition's
-            b, a = ({p: b.get("*", b.get(p)) for p in a} if "*" in b else b), (
-                {p: a.get("*", a.get(p)) for p in b} if "*" in a else a)
-        if all(b[p] == a[p] for p in set(b) & set(a)):
-            return
-    elif (before is None) == (after is None):
+    b, a = parts(before), parts(after)
+    if all(b.get(p) == a.get(p) for p in (set(b) & set(a) if b and a else set(b) | set(a))):
         return
 
     def said(data: Any) -> str:
-        return ("the seeded split" if not isinstance(data, dict) else
-                f"their own data folders, exported with {json.dumps(data.get('exported-with'))}")
+        return ("the seeded split" if not isinstance(data, dict) else f"their own data folders, "
+                f"exported with {json.dumps(data.get('exported-with'))} ({data.get('own-folders')} of "
+                f"{data.get('clients')} clients)")
     raise ConfigError("resume", str(path), f"its clients trained on {said(before)}; this run's "
                       f"clients read {said(after)}: resume it where the same data is served "
                       "(deploy up --data-dirs with the same folders, then deploy run --resume)")
@@ -230,7 +227,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     identity = {**cfg.to_run_config(), "num-partitions": num_partitions}  # what a resume must match
     ckpt, output_dir, run_name = _resume_point(cfg, identity)
     described = {**identity, "server-device": str(device), "software": software(), **strategy.describe(),
-                 **client_data(strategy.data_folders, cfg, num_partitions)}
+                 **client_data(strategy.data_folders, cfg, num_partitions, strategy.node_of)}
     if ckpt is not None:
         check_resumed_data(read_json(Path(output_dir) / run_name / "config.json"), described,
                            Path(output_dir) / run_name)
