@@ -22,8 +22,9 @@ FAILED_MESSAGE = "An exception was raised when processing a message"  # Flower's
 RAY_CHAIN = "ray::"  # Ray's header of a failed actor call's traceback
 STARTS = (TRACEBACK, FAILED_MESSAGE, RAY_CHAIN)
 # lines inside a traceback that are not indented
+WRAPPER_TEXT = "Exception ClientAppException occurred"  # Flower's wrapper's text: the original's message
 INSIDE = (TRACEBACK, "The above exception was the direct cause", "During handling of the above exception",
-          RAY_CHAIN, "Exception ClientAppException occurred", "+", "|")
+          RAY_CHAIN, WRAPPER_TEXT, "+", "|")
 CLIENTAPP_TEXT = "ClientAppException occurred. Message: "  # Flower's wrapper's text, then the original's
 _NOT_MESSAGE = (TRACEBACK, "The above exception", "During handling", RAY_CHAIN, "+", "|")
 _RECORD = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")  # a log record's first line
@@ -174,16 +175,16 @@ class Folder:
         """What a line does to the open block: "keep" (it belongs to it), "hold" (it may be an
         exception's further message lines: kept if the traceback goes on after them, else shown
         as they came) or "end"."""
-        if _RECORD.match(text):
-            self.in_message = False
-            return "keep" if any(s in text for s in STARTS) else "end"
+        if _RECORD.match(text):  # another part of the failure, unless lines are held that are
+            self.in_message = False  # not the repeat of a message the block holds
+            return "keep" if any(s in text for s in STARTS) and (not self.maybe or self._repeats()) else "end"
         if _ACTOR.match(text):  # a Ray actor's own output: never part of a traceback
             return "end"
         if self.maybe:
             if self.maybe[-1][0].strip():
                 return "hold"
-            if text.startswith(INSIDE):  # "<message>\n\n" then the chain's next part
-                self.in_message = False
+            if text.startswith(INSIDE) and not text.startswith((TRACEBACK, RAY_CHAIN)):
+                self.in_message = False  # "<message>\n\nThe above exception ...": the chain goes on
                 return "keep"
             return "hold" if not text.strip() else "end"
         if not text.strip():
@@ -197,6 +198,12 @@ class Folder:
         self.in_message = bool(_EXCEPTION.match(text)) and self._after_code()
         return "keep" if self.in_message else "end"
 
+    def _repeats(self) -> bool:
+        """Whether the held lines follow Flower's wrapper's text and repeat lines of the block:
+        the rest of a multi-line message the original exception's traceback showed."""
+        return bool(self.block) and self.block[-1].startswith(WRAPPER_TEXT) and all(
+            t in self.block for t, _ in self.maybe if t.strip())
+
     def _after_code(self) -> bool:
         last = self.block[-1] if self.block else ""
         return last[:1].isspace() and bool(last.strip())  # a frame, its code or its carets
@@ -205,6 +212,10 @@ class Folder:
         """The lines for the block still open (at the end of the output, or when stopped)."""
         if self.block is None:
             return []
+        if self._repeats():  # (the end of Flower's wrapper's text)
+            self.block += [t for t, _ in self.maybe]
+            self.raw += [line for _, line in self.maybe]
+            self.maybe = []
         block, raw, self.block, self.raw = self.block, self.raw, None, []
         held, self.maybe = [line for _, line in self.maybe], []
         found = failures(block, self.pending)

@@ -174,3 +174,17 @@ def test_lines_after_a_tracebacks_last_exception_are_shown_not_read_as_its_messa
     shown = fold(FAILED + ray_chain(a) + worker("partition 0") + after[0] + "INFO flowerbed: [round 2/5]\n")
     assert len(shown) == 3 and "InjectedFault: partition 0 (at" in shown[0] and shown[1:] == [
         after[0], "INFO flowerbed: [round 2/5]\n"]
+
+
+def test_a_line_between_two_tracebacks_is_shown_between_their_lines():
+    """From a review: a print between one failure and the next (a record or a bare traceback)
+    was read as the first one's message: hidden, and the failure counted twice."""
+    a, b = ([*OURS[:-1], f"flowerbed.faults.InjectedFault: partition {p}"] for p in (0, 2))
+    shown = fold(FAILED + ray_chain(a) + worker("partition 0") + "a line printed\n"
+                 + FAILED + ray_chain(b) + worker("partition 2"))
+    assert len(shown) == 3 and "partition 0 (at" in shown[0] and shown[1] == "a line printed\n"
+    assert "partition 2 (at" in shown[2]
+    two = fold(SERVER.replace(f"{RED}Exit Code: 700\n", "a line printed\n\nTraceback (most recent call "
+                              f'last):\n  File "{APP}/y.py", line 2, in h\n    raise\nValueError: v\n'))
+    assert [ln.split(" (at")[0] for ln in two[1:]] == ["  [KeyError", "a line printed\n", "\n",
+                                                       "  [ValueError: v"]
