@@ -459,14 +459,10 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
                     except OSError:
                         echo = progress = None
                 if echo:  # a traceback the output ended in
-                    with contextlib.suppress(OSError):
-                        echo.writelines(fold.flush())
-                        echo.flush()
+                    _end_fold(echo, fold)
             except BaseException as e:  # Ctrl-C or a broken terminal: leave neither flwr nor the run
                 if echo:  # a failure whose traceback was being folded: its line
-                    with contextlib.suppress(OSError):
-                        echo.writelines(fold.flush())
-                        echo.flush()
+                    _end_fold(echo, fold)
                 if sink:
                     sink.write(log_header(f"interrupted ({type(e).__name__}): the run is stopped"))
                     sink.flush()
@@ -486,6 +482,13 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
         raise RunFailed(f"run '{run_config['run-name']}' ended without writing {summary}: "
                         f"{failure_reason(list(tail), run_dir)} ({where})")
     return json.loads(summary.read_text())
+
+
+def _end_fold(echo, fold: Folder) -> None:
+    """The console's line for a traceback still being folded (a closed console: nothing)."""
+    with contextlib.suppress(OSError):
+        echo.writelines(fold.flush())
+        echo.flush()
 
 
 _STARTED = re.compile(r"Successfully started run (\d+)")

@@ -21,12 +21,12 @@ TRACEBACK = "Traceback (most recent call last):"
 FAILED_MESSAGE = "An exception was raised when processing a message"  # Flower's Ray backend
 RAY_CHAIN = "ray::"  # Ray's header of a failed actor call's traceback
 STARTS = (TRACEBACK, FAILED_MESSAGE, RAY_CHAIN)
-# lines inside a traceback that are not indented
 WRAPPER_TEXT = "Exception ClientAppException occurred"  # Flower's wrapper's text: the original's message
-INSIDE = (TRACEBACK, "The above exception was the direct cause", "During handling of the above exception",
-          RAY_CHAIN, WRAPPER_TEXT, "+", "|")
 CLIENTAPP_TEXT = "ClientAppException occurred. Message: "  # Flower's wrapper's text, then the original's
+# lines inside a traceback that are not indented and not an exception's message: the headers of
+# its parts (and an exception group's margins); INSIDE adds Flower's wrapper's text
 _NOT_MESSAGE = (TRACEBACK, "The above exception", "During handling", RAY_CHAIN, "+", "|")
+INSIDE = (*_NOT_MESSAGE, WRAPPER_TEXT)
 _RECORD = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")  # a log record's first line
 _EXCEPTION = re.compile(r"^([A-Za-z_]\w*(?:\.\w+)*(?:\([\w.]+\))?)(?::\s?(.*))?$")  # Ray: Error(Cause)
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)(?:, in (\S+))?')
@@ -75,8 +75,8 @@ def failures(lines: list[str], pending: Counter[str]) -> list[tuple[str, bool, i
         if not chain:
             continue
         read = True
-        kind, text, frames = next((c for c in reversed(chain) if not wrapper(c[0])), chain[-1])
-        key = (text.partition(CLIENTAPP_TEXT)[2] or text) if wrapper(kind) else text
+        kind, text, frames = says_most(chain)
+        key = original_text(text) if wrapper(kind) else text
         ray = RAY_CHAIN in record[0]
         if not ray and pending[key] > 0:  # Flower's worker's record of a failure Ray's named
             pending[key] -= 1
@@ -102,6 +102,16 @@ def wrapper(kind: str) -> bool:
     """Flower's ClientAppException (or Ray's RayTaskError(ClientAppException)), whose text
     ends in the original exception's."""
     return "ClientAppException" in kind
+
+
+def original_text(text: str) -> str:
+    """The original exception's text inside Flower's wrapper's (all of it where there is none)."""
+    return text.partition(CLIENTAPP_TEXT)[2] or text
+
+
+def says_most(chain: list[tuple]) -> tuple:
+    """The exception of a chain that says most: the last that is not Flower's wrapper."""
+    return next((c for c in reversed(chain) if not wrapper(c[0])), chain[-1])
 
 
 def _chain(record: list[str]) -> list[tuple[str, str, list[tuple[str, str, str | None]]]]:
@@ -132,7 +142,7 @@ def exception_of(text: str) -> tuple[str, str] | None:
     chain = _chain([_ungroup(line) for line in text.splitlines()])
     if not chain:
         return None
-    kind, message, _ = next((c for c in reversed(chain) if not wrapper(c[0])), chain[-1])
+    kind, message, _ = says_most(chain)
     return kind, message
 
 
@@ -155,9 +165,9 @@ class Folder:
         if self.block is not None:
             verdict = self._verdict(text)
             if verdict == "keep":  # (with the lines held before it)
-                self.block += [t for t, _ in self.maybe] + [text]
-                self.raw += [raw for _, raw in self.maybe] + [line]
-                self.maybe = []
+                self._take_held()
+                self.block.append(text)
+                self.raw.append(line)
                 return []
             if verdict == "hold":
                 self.maybe.append((text, line))
@@ -198,6 +208,12 @@ class Folder:
         self.in_message = bool(_EXCEPTION.match(text)) and self._after_code()
         return "keep" if self.in_message else "end"
 
+    def _take_held(self) -> None:
+        """The lines held belong to the block."""
+        self.block += [t for t, _ in self.maybe]
+        self.raw += [line for _, line in self.maybe]
+        self.maybe = []
+
     def _repeats(self) -> bool:
         """Whether the held lines follow Flower's wrapper's text and repeat lines of the block:
         the rest of a multi-line message the original exception's traceback showed."""
@@ -213,14 +229,18 @@ class Folder:
         if self.block is None:
             return []
         if self._repeats():  # (the end of Flower's wrapper's text)
-            self.block += [t for t, _ in self.maybe]
-            self.raw += [line for _, line in self.maybe]
-            self.maybe = []
+            self._take_held()
         block, raw, self.block, self.raw = self.block, self.raw, None, []
         held, self.maybe = [line for _, line in self.maybe], []
         found = failures(block, self.pending)
         if found is None:  # nothing read: shown as it came
             return raw + held
-        who = {(True, 1): "a ClientApp raised ", (False, 1): ""}
-        return [f"{self.prefix}[{who.get((client, n), f'{n} ClientApps raised ' if client else f'{n}x ')}"
-                f"{summary}; the traceback is in {self.log_file}]\n" for summary, client, n in found] + held
+        return [f"{self.prefix}[{_who(client, n)}{summary}; the traceback is in {self.log_file}]\n"
+                for summary, client, n in found] + held
+
+
+def _who(client: bool, n: int) -> str:
+    """How a folded line opens: who raised, how many times."""
+    if client:
+        return "a ClientApp raised " if n == 1 else f"{n} ClientApps raised "
+    return "" if n == 1 else f"{n}x "

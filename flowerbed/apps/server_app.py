@@ -131,10 +131,10 @@ def client_data(folders: dict[int, tuple[str, dict[str, Any]]], cfg: Config,
     """config.json's ``client-data`` (None: the seeded split) where clients train on their own
     data folders (``deploy up --data-dirs``, ``data-dir=`` in a SuperNode's node config), as the
     nodes that answered before round 1 report them: how many of the clients, and the split
-    settings their exports record
-    (normalised as the run config's; one dict where they agree, else each partition's, {} for a
-    folder without partition.json), so that a run on exported folders is not taken for a run of
-    its run config's split (``flowerbed table`` compares it). Warns where an export's settings
+    settings their exports record (normalised as the run config's; one dict where they agree,
+    else each partition's, {} for a folder without partition.json; and by partition, null for
+    one on the seeded split), so that a run on exported folders is not taken for a run of its
+    run config's split (``flowerbed table`` compares it). Warns where an export's settings
     differ from the run config's."""
     if not folders:
         return {"client-data": None}  # the seeded split

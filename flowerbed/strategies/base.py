@@ -32,7 +32,7 @@ from flwr.serverapp.strategy import FedAvg, Result
 
 from flowerbed.config import Config, ConfigError
 from flowerbed.datasets.loading import DataSet
-from flowerbed.tracebacks import ANSI, CLIENTAPP_TEXT, exception_of, wrapper
+from flowerbed.tracebacks import ANSI, exception_of, original_text, wrapper
 from flowerbed.training import evaluate, is_finite, load_record, to_record
 
 log = logging.getLogger("flowerbed")
@@ -110,7 +110,7 @@ def short_reason(reason: str) -> str:
         if found and not wrapper(found[0]):
             kind, text = found
         elif found or wrapper(kind):  # only Flower's wrapper: its text ends in the original's
-            kind, text = "", text.partition(CLIENTAPP_TEXT)[2] or text
+            kind, text = "", original_text(text)
         lines = " | ".join(ln.strip() for ln in text.splitlines() if ln.strip())
         kind = kind.rsplit(".", 1)[-1]
         said = f"{kind}: {lines}" if kind and lines else kind and f"{kind} (no message)" or lines
