@@ -25,7 +25,7 @@ PARTITION_KINDS = ("iid", "dirichlet", "pathological", "shards")
 FEDX_BASES = ("simclr", "byol")
 DISTILL_METHODS = ("fedcc", "feddf", "fedmd")
 #: methods scored by personalised accuracy on the clients' local test splits
-PERSONAL_METHODS = ("fedfew", "ifca", "fedrep", "local", "fedavg-ft")
+PERSONAL_METHODS = ("fedfew", "ifca", "fedrep", "ditto", "local", "fedavg-ft")
 #: self-supervised methods: trained on pairs of views, scored by a linear probe
 SSL_METHODS = ("fedsimclr", "fedbyol", "fedu", "fedx")
 MAX_EPSILON = 1e5  # FedXDS: a larger budget is no privacy (give fedxds-sigma for weak noise)
@@ -116,7 +116,8 @@ class Partition:
 #: method missing here hides a real difference: tests/test_resume.py checks that every method's
 #: runs read no key outside this. The ServerApp warns of a key set for a method not reading it.
 KEY_READERS: dict[str, tuple[str, ...]] = {
-    **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedade", "fedfew", "fedu", "fedrep", "scaffold")},
+    **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedade", "fedfew", "fedu", "fedrep", "ditto",
+                          "scaffold")},
     "probe": SSL_METHODS, "ssl": SSL_METHODS, "ssl-tau": ("fedsimclr", "fedx"),  # NT-Xent's
     "byol": ("fedbyol", "fedu", "fedx"),
     "distill": DISTILL_METHODS, "hetero": DISTILL_METHODS,
@@ -259,6 +260,8 @@ class Config:
     fault_kind: str
     fault_crash_after: int
     fedrep_head_epochs: int
+    ditto_lambda: float
+    ditto_personal_epochs: int
     finetune_epochs: int
     output_dir: str
     run_name: str
@@ -318,7 +321,8 @@ class Config:
         positive_ints = ("num-server-rounds", "local-epochs", "batch-size", "eval-every", "min-clients",
                          "probe-every", "probe-epochs", "probe-batch-size", "ssl-dim", "num-models",
                          "fedade-rounds-per-step", "fedade-batch", "fedade-steps", "fedade-pretrain-epochs",
-                         "fedxds-warmup-rounds")  # FedXDS shares in its last warm-up round
+                         "fedxds-warmup-rounds",  # FedXDS shares in its last warm-up round
+                         "ditto-personal-epochs")
         for key in ("distill-epochs", "fedcc-ssl-epochs", "fedrep-head-epochs", "finetune-epochs"):
             if getattr(self, key.replace("-", "_")) < 0:
                 raise ConfigError(key, getattr(self, key.replace("-", "_")), "must be an integer >= 0")
@@ -440,8 +444,8 @@ class Config:
             v = getattr(self, key.replace("-", "_"))
             if not 0 <= v < 1:
                 raise ConfigError(key, v, "must be in [0, 1)")
-        for key in ("weight-decay", "proximal-mu", "fedcc-lambda", "fedxds-lambda", "fedxds-sigma",
-                    "fedxds-epsilon", "fedade-fixed-lr", "fedade-lr-min", "fedade-lr-max"):
+        for key in ("weight-decay", "proximal-mu", "ditto-lambda", "fedcc-lambda", "fedxds-lambda",
+                    "fedxds-sigma", "fedxds-epsilon", "fedade-fixed-lr", "fedade-lr-min", "fedade-lr-max"):
             v = getattr(self, key.replace("-", "_"))
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number >= 0")

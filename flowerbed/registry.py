@@ -9,6 +9,7 @@ from flwr.app import Context
 from torch import nn
 
 from flowerbed.clients.base import Client, make_model
+from flowerbed.clients.ditto import DittoClient
 from flowerbed.clients.fedade import FedADEClient
 from flowerbed.clients.fedavg import FedAvgClient, FedAvgFTClient, FedProxClient
 from flowerbed.clients.fedbyol import BYOLClient
@@ -27,6 +28,7 @@ from flowerbed.clients.scaffold import ScaffoldClient
 from flowerbed.config import Config
 from flowerbed.datasets.loading import DataSet
 from flowerbed.strategies.base import FlowerbedFedAvg
+from flowerbed.strategies.ditto import DittoStrategy
 from flowerbed.strategies.fedade import FedADEStrategy
 from flowerbed.strategies.fedavg import FedAvgFTStrategy, FedAvgStrategy, FedProxStrategy
 from flowerbed.strategies.fedcc import FedCCStrategy
@@ -83,6 +85,8 @@ METHODS: dict[str, Method] = {
                "IFCA (Ghosh et al., 2020): K cluster models, hard assignment"),
         Method("fedrep", FedRepStrategy, FedRepClient, make_model,
                "FedRep (Collins et al., 2021): shared body, personal head"),
+        Method("ditto", DittoStrategy, DittoClient, make_model,
+               "Ditto (Li et al., 2021): FedAvg + a personal model pulled towards it"),
         Method("local", LocalStrategy, LocalClient, make_model, "Local-only training"),
         Method("fedavg-ft", FedAvgFTStrategy, FedAvgFTClient, make_model,
                "FedAvg, evaluated after local fine-tuning"),

@@ -1,4 +1,5 @@
-"""FedFew's weights and update, IFCA's clustering, FedRep's split, and the personalised clients."""
+"""FedFew's weights and update, IFCA's clustering, FedRep's split, Ditto's two models, and the
+personalised clients."""
 
 import logging
 from types import SimpleNamespace
@@ -160,6 +161,56 @@ def test_fedrep_keeps_the_head_and_uploads_the_body():
     assert set(ctx.state["fedrep.head"]) == {"fc2.weight", "fc2.bias"}
     head = ctx.state["fedrep.head"]["fc2.weight"].numpy()
     assert not np.allclose(head, full["fc2.weight"].numpy())  # the head trained locally
+
+
+def test_ditto_uploads_fedavgs_update_and_scores_its_personal_model():
+    """The global update is FedAvg's to the bit (the personal model draws its own batch order);
+    the personal model is filed in context.state, carried into the next round, and evaluated."""
+    from flowerbed.clients.base import make_model
+    from flowerbed.clients.ditto import STATE
+    from flowerbed.datasets.federated import train_set
+    from flowerbed.training import evaluate, load_record, to_record
+
+    ditto, cfg, ctx = client("ditto")
+    fedavg, _, _ = client("fedavg")
+    full = to_record(make_model(cfg, train_set(cfg)))
+
+    def train(c, rnd, arrays):
+        return c.train(sent(4, RecordDict({"arrays": arrays,
+                                           "config": ConfigRecord({"server-round": rnd})})))
+
+    out = train(ditto, 1, full)
+    same = train(fedavg, 1, full)
+    assert all(np.array_equal(out.content["arrays"][k].numpy(), same.content["arrays"][k].numpy())
+               for k in full)
+    first = ctx.state[STATE]
+    assert not np.allclose(first["fc2.weight"].numpy(), full["fc2.weight"].numpy())  # v trained
+    assert not np.allclose(first["fc2.weight"].numpy(), out.content["arrays"]["fc2.weight"].numpy())
+    ev = ditto.evaluate(sent(4, RecordDict({"arrays": out.content["arrays"],
+                                            "config": ConfigRecord({"server-round": 1})})))
+    mine = evaluate(load_record(make_model(cfg, train_set(cfg)), first), ditto.test_data, ditto.device)
+    assert ev.content["metrics"]["accuracy"] == mine[1]
+    # round 2 trains v on from round 1's v, not from the new global model
+    train(ditto, 2, out.content["arrays"])
+    fresh, _, fresh_ctx = client("ditto")
+    train(fresh, 2, out.content["arrays"])
+    assert not np.allclose(ctx.state[STATE]["fc2.weight"].numpy(),
+                           fresh_ctx.state[STATE]["fc2.weight"].numpy())
+
+
+def test_proximal_term_pulls_towards_the_anchor_as_it_was():
+    """FedProx's and Ditto's (mu/2)||w - a||^2: its gradient is mu (w - a), a fixed when made."""
+    import torch
+
+    from flowerbed.clients.fedavg import proximal
+
+    model, anchor = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    term = proximal(anchor, 0.5)
+    with torch.no_grad():
+        anchor.weight.add_(10.0)  # later changes to the anchor do not move the target
+    before = anchor.weight.detach() - 10.0
+    term(model).backward()
+    assert torch.allclose(model.weight.grad, 0.5 * (model.weight.detach() - before))
 
 
 def test_fedfew_local_scores_need_their_sample_count():

@@ -108,14 +108,17 @@ class Client:
         return self.reply(msg, metrics, arrays=to_record(model), **self.extra_arrays(model, msg))
 
     def fit(self, model: nn.Module, msg: Message, rnd: int, epochs: int | None = None,
-            **hooks: Any) -> tuple[float, dict]:
-        """The local update: ``local-epochs`` (or ``epochs``) of SGD on the training split."""
+            stream: int = 0, **hooks: Any) -> tuple[float, dict]:
+        """The local update: ``local-epochs`` (or ``epochs``) of SGD on the training split;
+        ``stream`` > 0 draws another seeded batch order, for a second model trained in the same
+        round (Ditto's personal model)."""
         cfg = self.cfg
         loss, steps = train_epochs(
             model, self.train_data, epochs=cfg.local_epochs if epochs is None else epochs,
             batch_size=cfg.batch_size, lr=cfg.lr, momentum=cfg.momentum,
             weight_decay=cfg.weight_decay, device=self.device,
-            generator=seeded_generator(cfg.seed, self.partition_id, rnd), **hooks)
+            generator=seeded_generator(cfg.seed, self.partition_id, rnd, *((stream,) if stream else ())),
+            **hooks)
         self.steps = steps
         return loss, {}
 

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from flwr.app import Message
 from torch import nn
 
 from flowerbed.clients.base import Client
+
+
+def proximal(anchor: nn.Module, mu: float) -> Callable[[nn.Module], torch.Tensor]:
+    """A loss hook (mu/2)·||w − a||² that pulls a model towards ``anchor``'s parameters as they
+    are now (FedProx: the received global model; Ditto: the same, for the personal model)."""
+    fixed = [p.detach().clone() for p in anchor.parameters()]
+
+    def term(m: nn.Module) -> torch.Tensor:
+        return (mu / 2) * sum(((p - a) ** 2).sum() for p, a in zip(m.parameters(), fixed, strict=True))
+
+    return term
 
 
 class FedAvgClient(Client):
@@ -18,13 +31,7 @@ class FedProxClient(Client):
 
     def fit(self, model: nn.Module, msg: Message, rnd: int, **hooks):
         mu = float(msg.content["config"]["proximal-mu"])
-        anchor = [p.detach().clone() for p in model.parameters()]
-
-        def proximal(m: nn.Module) -> torch.Tensor:
-            return (mu / 2) * sum(((p - a) ** 2).sum() for p, a in zip(m.parameters(), anchor,
-                                                                      strict=True))
-
-        return super().fit(model, msg, rnd, loss_hook=proximal, **hooks)
+        return super().fit(model, msg, rnd, loss_hook=proximal(model, mu), **hooks)
 
 
 class FedAvgFTClient(FedAvgClient):

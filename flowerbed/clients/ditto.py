@@ -1,0 +1,45 @@
+"""Ditto (Li et al., ICML 2021), client half: FedAvg's local update of the global model w, and a
+personal model v kept in ``context.state`` and trained on F_i(v) + (λ/2)·||v − w||², w the
+received global model (``ditto-lambda``, ``ditto-personal-epochs``).
+
+Only the global update is uploaded, so the server's model is FedAvg's to the bit; the client is
+scored with v. Before its first training round (or where its state was lost) v is the received
+global model, as Ditto initialises it.
+"""
+
+from __future__ import annotations
+
+from flwr.app import Message
+from torch import nn
+
+from flowerbed.clients.base import Client
+from flowerbed.clients.fedavg import proximal
+from flowerbed.training import evaluate, to_record
+
+STATE = "ditto.personal"
+
+
+class DittoClient(Client):
+    keeps_state = True
+
+    def personal_model(self, msg: Message) -> nn.Module:
+        saved = self.context.state.array_records.get(STATE)
+        return self.model_from(saved if saved is not None else msg.content["arrays"])
+
+    def train(self, msg: Message) -> Message:
+        cfg, rnd = self.cfg, self.round_of(msg)
+        model = self.model_from(msg.content["arrays"])
+        personal = self.personal_model(msg)
+        # v first, pulled towards w as received; its own batch order (stream 1), so that w's
+        # update below draws FedAvg's
+        personal_loss, _ = self.fit(personal, msg, rnd, epochs=cfg.ditto_personal_epochs, stream=1,
+                                    loss_hook=proximal(model, cfg.ditto_lambda))
+        self.context.state[STATE] = to_record(personal)
+        loss, _ = self.fit(model, msg, rnd)
+        return self.reply(msg, {"num-examples": len(self.train_data), "train-loss": loss,
+                                "personal-train-loss": personal_loss}, arrays=to_record(model))
+
+    def evaluate(self, msg: Message) -> Message:
+        loss, acc = evaluate(self.personal_model(msg), self.test_data, self.device)
+        return self.reply(msg, {"num-examples": max(len(self.test_data), 1), "loss": loss,
+                                "accuracy": acc})
