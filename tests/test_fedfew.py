@@ -190,6 +190,11 @@ def test_ditto_uploads_fedavgs_update_and_scores_its_personal_model():
                                             "config": ConfigRecord({"server-round": 1})})))
     mine = evaluate(load_record(make_model(cfg, train_set(cfg)), first), ditto.test_data, ditto.device)
     assert ev.content["metrics"]["accuracy"] == mine[1]
+    assert ev.content["metrics"]["personal-model"] == 1.0
+    untrained, _, _ = client("ditto")  # no v yet: scored with the received model, and says so
+    ev = untrained.evaluate(sent(4, RecordDict({"arrays": full,
+                                                "config": ConfigRecord({"server-round": 1})})))
+    assert ev.content["metrics"]["personal-model"] == 0.0
     # round 2 trains v on from round 1's v, not from the new global model
     train(ditto, 2, out.content["arrays"])
     fresh, _, fresh_ctx = client("ditto")

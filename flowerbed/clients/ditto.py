@@ -3,8 +3,13 @@ personal model v kept in ``context.state`` and trained on F_i(v) + (λ/2)·||v �
 received global model (``ditto-lambda``, ``ditto-personal-epochs``).
 
 Only the global update is uploaded, so the server's model is FedAvg's to the bit; the client is
-scored with v. Before its first training round (or where its state was lost) v is the received
-global model, as Ditto initialises it.
+scored with v. v starts as the model the client first trains from: the initial global model w⁰
+when every client trains every round (as in Ditto's code), the global model of its first sampled
+round otherwise. A client without v (not trained yet, or its state lost) is scored with the
+received global model and says so: its evaluation reply's ``personal-model`` is 0, and the
+round's mean of it (``client-personal-model`` in metrics.jsonl) is the share of clients, by test
+samples, scored with their own v.
+``personal-train-loss`` is v's training objective (cross-entropy plus the proximal term).
 """
 
 from __future__ import annotations
@@ -41,5 +46,6 @@ class DittoClient(Client):
 
     def evaluate(self, msg: Message) -> Message:
         loss, acc = evaluate(self.personal_model(msg), self.test_data, self.device)
+        own = float(STATE in self.context.state.array_records)
         return self.reply(msg, {"num-examples": max(len(self.test_data), 1), "loss": loss,
-                                "accuracy": acc})
+                                "accuracy": acc, "personal-model": own})
