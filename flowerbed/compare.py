@@ -13,9 +13,6 @@ from typing import Any
 
 from flowerbed import engine
 from flowerbed.config import (
-    DISTILL_METHODS,
-    PERSONAL_METHODS,
-    SSL_METHODS,
     Config,
     ConfigError,
     defaults,
@@ -23,9 +20,11 @@ from flowerbed.config import (
     reads,
 )
 from flowerbed.results import (
+    GLOBAL_MEASURE,
     folder_in_use,
     md_table,
     new_folder,
+    own_measures,
     pct,
     plot_curves,
     read_metrics,
@@ -283,16 +282,14 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
 
 
 CLIENT_ACC = "final-client-accuracy"
-FINAL_NOTE = ("final acc: each method's own measure: the global model on the test set; for "
-              f"{', '.join(SSL_METHODS)} the linear probe of the frozen encoder; for "
-              f"{', '.join(DISTILL_METHODS)} the clients' ensemble on the test set; for "
-              f"{', '.join(PERSONAL_METHODS)} personalised accuracy (the clients' local test "
-              "splits); for fedade the last time step's online accuracy.")
+FINAL_NOTE = ("final acc: each method's own measure in its last evaluated round: the global "
+              f"model's {GLOBAL_MEASURE}; " + "; ".join(f"for {', '.join(methods)} {what}"
+                                                      for methods, what in own_measures()) + ".")
 CLIENT_NOTE = ("client acc: every method on the clients' local test splits, with the model each "
                "client uses (the global model for fedavg and the like, its own for the "
                "personalised methods).")
 #: the methods whose final acc is not the global model on the test set: FINAL_NOTE says what
-OWN_MEASURES = {*SSL_METHODS, *DISTILL_METHODS, *PERSONAL_METHODS, "fedade"}
+OWN_MEASURES = {m for methods, _ in own_measures() for m in methods}
 STREAM_NOTE = ("mean online acc: a stream's result (Fed-ADE), the online accuracy averaged over "
                "the time steps; mean pre-update acc: the same, each step's batch scored before "
                "adapting to it.")

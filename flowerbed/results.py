@@ -356,19 +356,23 @@ def run_title(name: str, config: dict[str, Any]) -> str:
             f"{c.get('num-partitions')} clients, seed {c.get('seed')}{stream}")
 
 
-def measure(method: Any) -> str:
-    """What a run's ``accuracy`` is, by its method (the y-axis of its plot)."""
+GLOBAL_MEASURE = "accuracy (test set)"  # the global model's: every method not in own_measures()
+
+
+def own_measures() -> tuple[tuple[tuple[str, ...], str], ...]:
+    """(methods, what their ``accuracy`` is) for the methods that measure their own way."""
     from flowerbed.config import DISTILL_METHODS, PERSONAL_METHODS, SSL_METHODS
 
-    if method in SSL_METHODS:
-        return "linear-probe accuracy (test set)"
-    if method in DISTILL_METHODS:
-        return "ensemble accuracy (test set)"
-    if method in PERSONAL_METHODS:
-        return "personalised accuracy (local test splits)"
-    if method == "fedade":
-        return "online accuracy (the clients' stream batches)"
-    return "accuracy (test set)"
+    return ((SSL_METHODS, "linear-probe accuracy (test set)"),
+            (DISTILL_METHODS, "ensemble accuracy (test set)"),
+            (PERSONAL_METHODS, "personalised accuracy (local test splits)"),
+            (("fedade",), "online accuracy (the clients' stream batches)"))
+
+
+def measure(method: Any) -> str:
+    """What a run's ``accuracy`` is, by its method (the y-axis of its plot, the ``acc`` of its
+    progress lines, a table's ``final acc``)."""
+    return next((what for methods, what in own_measures() if method in methods), GLOBAL_MEASURE)
 
 
 def plot_curves(curves: dict[str, list[dict[str, Any]]], out: Path, title: str = "",
