@@ -25,7 +25,7 @@ PARTITION_KINDS = ("iid", "dirichlet", "pathological", "shards")
 FEDX_BASES = ("simclr", "byol")
 DISTILL_METHODS = ("fedcc", "feddf", "fedmd")
 #: methods scored by personalised accuracy on the clients' local test splits
-PERSONAL_METHODS = ("fedfew", "ifca", "fedrep", "ditto", "local", "fedavg-ft")
+PERSONAL_METHODS = ("fedfew", "ifca", "fedrep", "ditto", "apfl", "local", "fedavg-ft")
 #: self-supervised methods: trained on pairs of views, scored by a linear probe
 SSL_METHODS = ("fedsimclr", "fedbyol", "fedu", "fedx")
 MAX_EPSILON = 1e5  # FedXDS: a larger budget is no privacy (give fedxds-sigma for weak noise)
@@ -117,7 +117,7 @@ class Partition:
 #: runs read no key outside this. The ServerApp warns of a key set for a method not reading it.
 KEY_READERS: dict[str, tuple[str, ...]] = {
     **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedade", "fedfew", "fedu", "fedrep", "ditto",
-                          "scaffold")},
+                          "apfl", "scaffold")},
     "probe": SSL_METHODS, "ssl": SSL_METHODS, "ssl-tau": ("fedsimclr", "fedx"),  # NT-Xent's
     "byol": ("fedbyol", "fedu", "fedx"),
     "distill": DISTILL_METHODS, "hetero": DISTILL_METHODS,
@@ -262,6 +262,9 @@ class Config:
     fedrep_head_epochs: int
     ditto_lambda: float
     ditto_personal_epochs: int
+    apfl_alpha: float
+    apfl_adaptive: bool
+    apfl_alpha_lr: float
     finetune_epochs: int
     output_dir: str
     run_name: str
@@ -440,12 +443,16 @@ class Config:
             raise ConfigError("ssl-dim", self.ssl_dim, "must be <= 8192 (FedX uses 512)")
         if self.round_timeout > MAX_TIMEOUT:
             raise ConfigError("round-timeout", self.round_timeout, f"must be <= {MAX_TIMEOUT:g} s (a week)")
+        if not 0 <= self.apfl_alpha <= 1:
+            raise ConfigError("apfl-alpha", self.apfl_alpha,
+                              "must be in [0, 1] (the weight of the personal model)")
         for key in ("momentum", "byol-ema"):
             v = getattr(self, key.replace("-", "_"))
             if not 0 <= v < 1:
                 raise ConfigError(key, v, "must be in [0, 1)")
-        for key in ("weight-decay", "proximal-mu", "ditto-lambda", "fedcc-lambda", "fedxds-lambda",
-                    "fedxds-sigma", "fedxds-epsilon", "fedade-fixed-lr", "fedade-lr-min", "fedade-lr-max"):
+        for key in ("weight-decay", "proximal-mu", "ditto-lambda", "apfl-alpha-lr", "fedcc-lambda",
+                    "fedxds-lambda", "fedxds-sigma", "fedxds-epsilon", "fedade-fixed-lr", "fedade-lr-min",
+                    "fedade-lr-max"):
             v = getattr(self, key.replace("-", "_"))
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number >= 0")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from flwr.app import Context
 from torch import nn
 
+from flowerbed.clients.apfl import APFLClient
 from flowerbed.clients.base import Client, make_model
 from flowerbed.clients.ditto import DittoClient
 from flowerbed.clients.fedade import FedADEClient
@@ -27,6 +28,7 @@ from flowerbed.clients.local import LocalClient
 from flowerbed.clients.scaffold import ScaffoldClient
 from flowerbed.config import Config
 from flowerbed.datasets.loading import DataSet
+from flowerbed.strategies.apfl import APFLStrategy
 from flowerbed.strategies.base import FlowerbedFedAvg
 from flowerbed.strategies.ditto import DittoStrategy
 from flowerbed.strategies.fedade import FedADEStrategy
@@ -87,6 +89,8 @@ METHODS: dict[str, Method] = {
                "FedRep (Collins et al., 2021): shared body, personal head"),
         Method("ditto", DittoStrategy, DittoClient, make_model,
                "Ditto (Li et al., 2021): FedAvg + a personal model pulled towards it"),
+        Method("apfl", APFLStrategy, APFLClient, make_model,
+               "APFL (Deng et al., 2020): FedAvg + a personal model, served mixed with it by a learnt alpha"),
         Method("local", LocalStrategy, LocalClient, make_model, "Local-only training"),
         Method("fedavg-ft", FedAvgFTStrategy, FedAvgFTClient, make_model,
                "FedAvg, evaluated after local fine-tuning"),

@@ -20,6 +20,7 @@ log = logging.getLogger("flowerbed")
 
 LossHook = Callable[[nn.Module], torch.Tensor]
 GradHook = Callable[[nn.Module], None]
+BatchHook = Callable[[torch.Tensor, torch.Tensor], None]
 
 
 def pick_device() -> torch.device:
@@ -90,12 +91,14 @@ def make_optimizer(model: nn.Module, lr: float, momentum: float, weight_decay: f
 def train_epochs(model: nn.Module, data: DataSet, *, epochs: int, batch_size: int, lr: float,
                  momentum: float, weight_decay: float, device: torch.device,
                  generator: torch.Generator, loss_hook: LossHook | None = None,
-                 grad_hook: GradHook | None = None, optimizer: str = "sgd",
-                 last_epoch: bool = False) -> tuple[float, int]:
+                 grad_hook: GradHook | None = None, batch_hook: BatchHook | None = None,
+                 optimizer: str = "sgd", last_epoch: bool = False) -> tuple[float, int]:
     """Supervised cross-entropy training; returns (mean loss, number of optimiser steps).
 
     ``loss_hook(model)`` adds a term to each batch's loss (FedProx's proximal term);
     ``grad_hook(model)`` edits gradients before each step (SCAFFOLD's correction);
+    ``batch_hook(x, y)`` gets each batch before the model's step on it (APFL's personal model
+    steps on the same batches);
     ``last_epoch``: the mean loss of the last epoch only (FedFew's L_ik), not of all epochs.
     """
     model.to(device).train()
@@ -105,6 +108,8 @@ def train_epochs(model: nn.Module, data: DataSet, *, epochs: int, batch_size: in
         if last_epoch:
             total, count = 0.0, 0
         for xb, yb in batches(data, batch_size, device, generator):
+            if batch_hook is not None:
+                batch_hook(xb, yb)
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(xb), yb)
             if loss_hook is not None:

@@ -1,5 +1,5 @@
-"""FedFew's weights and update, IFCA's clustering, FedRep's split, Ditto's two models, and the
-personalised clients."""
+"""FedFew's weights and update, IFCA's clustering, FedRep's split, Ditto's and APFL's two models,
+and the personalised clients."""
 
 import logging
 from types import SimpleNamespace
@@ -201,6 +201,75 @@ def test_ditto_uploads_fedavgs_update_and_scores_its_personal_model():
     train(fresh, 2, out.content["arrays"])
     assert not np.allclose(ctx.state[STATE]["fc2.weight"].numpy(),
                            fresh_ctx.state[STATE]["fc2.weight"].numpy())
+
+
+def client_with(method, **rc):
+    cfg = Config.from_run_config({**SMALL, "method": method, **rc})
+    ctx = Context(run_id=1, node_id=4, node_config={"partition-id": 2, "num-partitions": 5},
+                  state=RecordDict(), run_config=cfg.to_run_config())
+    return METHODS[method].client(cfg, ctx), cfg, ctx
+
+
+def test_apfl_step_by_hand_and_its_upload_is_fedavgs():
+    """One full-batch step: v <- v - lr alpha grad f(v_bar), alpha <- alpha - lr_a <v - w, grad f(v_bar)>
+    with v_bar = alpha v + (1 - alpha) w and w before its own step; w's update is FedAvg's."""
+    import torch
+    from torch.func import functional_call
+    from torch.nn import functional as F
+
+    from flowerbed.clients.apfl import ALPHA, PERSONAL
+    from flowerbed.clients.base import make_model
+    from flowerbed.datasets.federated import train_set
+    from flowerbed.training import load_record, to_record
+
+    rc = {"batch-size": 1000, "momentum": 0.0, "weight-decay": 0.0, "apfl-alpha-lr": 0.5}
+    apfl, cfg, ctx = client_with("apfl", **rc)
+    fedavg, _, _ = client_with("fedavg", **rc)
+    torch.manual_seed(1)
+    w0, v0 = make_model(cfg, train_set(cfg)), make_model(cfg, train_set(cfg))
+    ctx.state[PERSONAL], ctx.state[ALPHA] = to_record(v0), MetricRecord({"alpha": 0.3})
+    msg = RecordDict({"arrays": to_record(w0), "config": ConfigRecord({"server-round": 1})})
+    out, same = apfl.train(sent(4, msg)), fedavg.train(sent(4, msg))
+    assert all(np.array_equal(out.content["arrays"][k].numpy(), same.content["arrays"][k].numpy())
+               for k in out.content["arrays"])
+
+    data = apfl.train_data
+    mixed = {k: (0.3 * p + 0.7 * dict(w0.named_parameters())[k]).detach().requires_grad_()
+             for k, p in v0.named_parameters()}
+    F.cross_entropy(functional_call(v0, mixed, (data.normalise(data.x),)), data.y).backward()
+    grads = {k: m.grad for k, m in mixed.items()}
+    wp = dict(w0.named_parameters())
+    dot = sum(float(((p - wp[k]) * grads[k]).sum().detach()) for k, p in v0.named_parameters())
+    assert abs(dot) > 0.01 and 0 < 0.3 - 0.5 * dot < 1  # a real step, inside [0, 1]
+    assert ctx.state[ALPHA]["alpha"] == pytest.approx(0.3 - 0.5 * dot, abs=1e-5)
+    v1 = load_record(make_model(cfg, train_set(cfg)), ctx.state[PERSONAL])
+    for k, p in v0.named_parameters():
+        assert torch.allclose(v1.get_parameter(k), p - cfg.lr * 0.3 * grads[k], atol=1e-6), k
+
+
+def test_apfl_scores_the_mixture_with_the_received_model():
+    import torch
+
+    from flowerbed.clients.apfl import ALPHA, PERSONAL
+    from flowerbed.clients.base import make_model
+    from flowerbed.datasets.federated import train_set
+    from flowerbed.training import evaluate, to_record
+
+    apfl, cfg, ctx = client_with("apfl")
+    torch.manual_seed(2)
+    w, v = make_model(cfg, train_set(cfg)), make_model(cfg, train_set(cfg))
+    msg = RecordDict({"arrays": to_record(w), "config": ConfigRecord({"server-round": 1})})
+    alone = apfl.evaluate(sent(4, msg)).content["metrics"]  # no v yet: w, and it says so
+    assert alone["personal-model"] == 0.0
+    assert alone["accuracy"] == evaluate(w, apfl.test_data, apfl.device)[1]
+    ctx.state[PERSONAL], ctx.state[ALPHA] = to_record(v), MetricRecord({"alpha": 0.25})
+    mixed = make_model(cfg, train_set(cfg))
+    with torch.no_grad():
+        for (k, p), q in zip(mixed.named_parameters(), v.parameters(), strict=True):
+            p.copy_(0.25 * q + 0.75 * w.get_parameter(k))
+    got = apfl.evaluate(sent(4, msg)).content["metrics"]
+    assert got["personal-model"] == 1.0
+    assert got["accuracy"] == evaluate(mixed, apfl.test_data, apfl.device)[1]
 
 
 def test_proximal_term_pulls_towards_the_anchor_as_it_was():
