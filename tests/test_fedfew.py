@@ -247,6 +247,26 @@ def test_apfl_step_by_hand_and_its_upload_is_fedavgs():
         assert torch.allclose(v1.get_parameter(k), p - cfg.lr * 0.3 * grads[k], atol=1e-6), k
 
 
+def test_apfl_alpha_turns_nan_not_0_when_its_gradient_does():
+    """From a review: min(1, max(0, nan)) is 0, so a diverged personal model reported alpha 0."""
+    import torch
+
+    from flowerbed.clients.apfl import ALPHA, PERSONAL
+    from flowerbed.clients.base import make_model
+    from flowerbed.datasets.federated import train_set
+    from flowerbed.training import to_record
+
+    apfl, cfg, ctx = client_with("apfl")
+    w, v = make_model(cfg, train_set(cfg)), make_model(cfg, train_set(cfg))
+    with torch.no_grad():
+        next(v.parameters()).fill_(float("nan"))
+    ctx.state[PERSONAL], ctx.state[ALPHA] = to_record(v), MetricRecord({"alpha": 0.5})
+    out = apfl.train(sent(4, RecordDict({"arrays": to_record(w),
+                                         "config": ConfigRecord({"server-round": 1})})))
+    assert np.isnan(out.content["metrics"]["alpha"])  # so the server refuses the reply, naming it
+    assert all(np.isfinite(a.numpy()).all() for a in out.content["arrays"].values())  # w unharmed
+
+
 def test_apfl_scores_the_mixture_with_the_received_model():
     import torch
 

@@ -4,7 +4,9 @@ and on the same batches a personal model v whose mixture with w is what the clie
     v̄ = α v + (1 − α) w,   v ← v − η ∇_v f(v̄) = v − η α ∇f(v̄),   α ← Π_[0,1](α − η_α ⟨v − w, ∇f(v̄)⟩)
 
 each step with w as it is before its own step (``apfl-alpha`` is α's start, ``apfl-adaptive``
-whether it is learnt, ``apfl-alpha-lr`` its step size). v and α are kept in ``context.state``;
+whether it is learnt, ``apfl-alpha-lr`` its step size; v's optimiser is w's: SGD with the run's
+momentum and weight decay, new each round). A non-finite gradient makes α NaN, so the reply is
+refused and names it, rather than clipped to 0. v and α are kept in ``context.state``;
 only w is uploaded, so the server's model is FedAvg's to the bit. A client is scored with
 α v + (1 − α) w, w the received global model; one without v (not trained yet, or its state lost)
 is scored with w and says so (``personal-model`` 0). v starts as the model the client first
@@ -12,6 +14,8 @@ trains from (w⁰ when every client trains every round).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from flwr.app import Message, MetricRecord
@@ -57,7 +61,8 @@ class APFLClient(Client):
             loss.backward()
             opt.step()
             if cfg.apfl_adaptive:
-                state["alpha"] = min(1.0, max(0.0, state["alpha"] - cfg.apfl_alpha_lr * float(a.grad)))
+                step = state["alpha"] - cfg.apfl_alpha_lr * float(a.grad)
+                state["alpha"] = min(1.0, max(0.0, step)) if math.isfinite(step) else math.nan
             state["loss"] += float(loss.detach()) * len(y)
             state["n"] += len(y)
 
