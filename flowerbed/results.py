@@ -108,6 +108,12 @@ class RunDir:
         # a resumed run's wall time includes the rounds it keeps (their "seconds")
         self.started = time.time() - sum(r.get("seconds") or 0 for r in self.rows)
 
+    def update_config(self, changes: dict[str, Any]) -> None:
+        """config.json with ``changes``: what the run learns after its start (the data of a
+        node that joined late)."""
+        self.config = {**self.config, **changes}
+        write_json_atomic(self.path / "config.json", {**read_json(self.path / "config.json"), **changes})
+
     def _keep_rows(self, resume_round: int) -> list[dict[str, Any]]:
         text = self.metrics_path.read_text() if self.metrics_path.exists() else ""
         rows = []

@@ -255,6 +255,36 @@ def test_a_run_on_exported_folders_records_their_split(tmp_path, caplog):
             check_resumed_data({"client-data": before}, {"client-data": after}, tmp_path)
 
 
+def test_a_node_that_joins_late_is_added_to_client_data(tmp_path):
+    """Left out until 2026-12-06: client-data recorded only the nodes that answered before
+    round 1, so a resume could not check a late node's data and a table missed its folder."""
+    from types import SimpleNamespace
+
+    from flowerbed.apps.server_app import ClientDataRecord
+    from flowerbed.results import RunDir
+
+    cfg = Config.from_run_config({"partition": "iid", "train-samples": 600})
+    a, b = {"partition": "iid", "train-samples": 600}, {"partition": "iid", "train-samples": 900}
+    strategy = SimpleNamespace(data_folders={0: ("/d0", a)}, node_of={0: 10})
+    record = ClientDataRecord(strategy, cfg, 3)
+    assert record.value["client-data"]["by-partition"] == {"0": a}
+    run = RunDir(str(tmp_path), "r", {"seed": 0, **record.value})
+    assert record.joined(strategy) is None  # nobody new
+    strategy.node_of[1] = 11  # partition 1 joins on the seeded split
+    strategy.data_folders[2], strategy.node_of[2] = ("/d2", b), 12  # 2 on its own folder
+    run.update_config(record.joined(strategy))
+    written = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert written["client-data"]["by-partition"] == {"0": a, "1": None, "2": b}
+    assert written["client-data"]["own-folders"] == 2 and written["seed"] == 0 and "run-id" in written
+    strategy.data_folders[0] = ("/other", b)  # 0 back with another folder: the first record stays
+    del strategy.node_of[1]
+    assert record.joined(strategy) is None
+    run.close()
+    seeded = ClientDataRecord(SimpleNamespace(data_folders={}, node_of={0: 10}), cfg, 2)
+    assert seeded.value == {"client-data": None}  # the seeded split: a late seeded node changes nothing
+    assert seeded.joined(SimpleNamespace(data_folders={}, node_of={0: 10, 1: 11})) is None
+
+
 def test_export_data_does_not_overwrite_an_earlier_export(tmp_path, capsys):
     """A README walk-through: a second export-data into the same --out overwrote the first
     without a word (and a 3-client export over a 5-client one left client-3, client-4 behind)."""

@@ -130,7 +130,8 @@ def client_data(folders: dict[int, tuple[str, dict[str, Any]]], cfg: Config,
                 num_partitions: int, answered: Any = ()) -> dict[str, Any]:
     """config.json's ``client-data`` (None: the seeded split) where clients train on their own
     data folders (``deploy up --data-dirs``, ``data-dir=`` in a SuperNode's node config), as the
-    nodes that answered before round 1 report them: how many of the clients, and the split
+    nodes that answered so far report them (:class:`ClientDataRecord` adds later ones): how many of
+    the clients, and the split
     settings their exports record (normalised as the run config's; one dict where they agree,
     else each partition's, {} for a folder without partition.json; and by partition, null for
     one on the seeded split), so that a run on exported folders is not taken for a run of its
@@ -155,6 +156,34 @@ def client_data(folders: dict[int, tuple[str, dict[str, Any]]], cfg: Config,
     return {"client-data": {"own-folders": len(folders), "clients": num_partitions,
                             "exported-with": exported_with,  # and each partition that answered:
                             "by-partition": {str(p): settings.get(p) for p in sorted({*answered, *folders})}}}
+
+
+class ClientDataRecord:
+    """config.json's ``client-data``, kept as nodes join: each partition is recorded with the
+    data it read when it first answered (a node that joins after round 1 is added; one that comes
+    back with another folder is not a new record: a resume compares against the first)."""
+
+    def __init__(self, strategy: Any, cfg: Config, num_partitions: int) -> None:
+        self.cfg, self.num_partitions = cfg, num_partitions
+        self.folders = dict(strategy.data_folders)
+        self.seen = {*strategy.data_folders, *strategy.node_of}
+        self.value = client_data(self.folders, cfg, num_partitions, self.seen)
+
+    def joined(self, strategy: Any) -> dict[str, Any] | None:
+        """The new ``client-data`` where partitions answered since the last record changed it."""
+        new = {*strategy.data_folders, *strategy.node_of} - self.seen
+        if not new:
+            return None
+        self.seen |= new
+        self.folders.update({p: f for p, f in strategy.data_folders.items() if p in new})
+        value = client_data(self.folders, self.cfg, self.num_partitions, self.seen)
+        if value == self.value:
+            return None
+        log.info("partition%s %s answered after the run started: config.json's client-data now "
+                 "records %s", "s" * (len(new) > 1), ", ".join(map(str, sorted(new))),
+                 "them" if len(new) > 1 else "it")
+        self.value = value
+        return value
 
 
 def _normalised(exported: dict[str, Any]) -> dict[str, Any]:
@@ -226,8 +255,9 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     device = pick_device()
     identity = {**cfg.to_run_config(), "num-partitions": num_partitions}  # what a resume must match
     ckpt, output_dir, run_name = _resume_point(cfg, identity)
+    data_record = ClientDataRecord(strategy, cfg, num_partitions)
     described = {**identity, "server-device": str(device), "software": software(), **strategy.describe(),
-                 **client_data(strategy.data_folders, cfg, num_partitions, strategy.node_of)}
+                 **data_record.value}
     if ckpt is not None:
         check_resumed_data(read_json(Path(output_dir) / run_name / "config.json"), described,
                            Path(output_dir) / run_name)
@@ -283,6 +313,8 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
             row["seconds"] = round(now - last["t"], 3)
             last["t"] = now
             run_dir.log_round(row)
+            if rnd > 0 and (joined := data_record.joined(strategy)) is not None:
+                run_dir.update_config(joined)  # before the checkpoint: a resume compares it
             if rnd > 0:
                 checkpoint.save(run_dir.path, rnd, arrays, strategy.checkpoint_state(), identity)
             if rnd > 0 and rnd == cfg.fault_crash_after:
