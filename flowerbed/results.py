@@ -104,6 +104,7 @@ class RunDir:
                 *earlier.get("resumed-after-rounds", []), resume_round]}
         if self.run_id:
             config = {**config, "run-id": self.run_id}
+        self.written = config  # what config.json holds, for update_config
         write_json_atomic(self.path / "config.json", config)
         # a resumed run's wall time includes the rounds it keeps (their "seconds")
         self.started = time.time() - sum(r.get("seconds") or 0 for r in self.rows)
@@ -112,7 +113,8 @@ class RunDir:
         """config.json with ``changes``: what the run learns after its start (the data of a
         node that joined late)."""
         self.config = {**self.config, **changes}
-        write_json_atomic(self.path / "config.json", {**read_json(self.path / "config.json"), **changes})
+        self.written = {**self.written, **changes}
+        write_json_atomic(self.path / "config.json", self.written)
 
     def _keep_rows(self, resume_round: int) -> list[dict[str, Any]]:
         text = self.metrics_path.read_text() if self.metrics_path.exists() else ""

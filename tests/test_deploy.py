@@ -279,10 +279,35 @@ def test_a_node_that_joins_late_is_added_to_client_data(tmp_path):
     strategy.data_folders[0] = ("/other", b)  # 0 back with another folder: the first record stays
     del strategy.node_of[1]
     assert record.joined(strategy) is None
+    (tmp_path / "r" / "config.json").write_text("{trunc")  # damaged on disk: update what was written
+    strategy.node_of[3] = 13
+    run.update_config(record.joined(strategy))
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["seed"] == 0
     run.close()
     seeded = ClientDataRecord(SimpleNamespace(data_folders={}, node_of={0: 10}), cfg, 2)
     assert seeded.value == {"client-data": None}  # the seeded split: a late seeded node changes nothing
     assert seeded.joined(SimpleNamespace(data_folders={}, node_of={0: 10, 1: 11})) is None
+
+    # a resume (from a review): the earlier attempts' record is kept for partitions that have not
+    # answered yet, and one that answers late with other data stops the run after its round
+    from flowerbed.apps.server_app import check_resumed_data
+
+    earlier = {"client-data": {"by-partition": {"0": a, "1": None, "2": a}}}
+    resumed = ClientDataRecord(SimpleNamespace(data_folders={0: ("/d0", a)}, node_of={0: 10}), cfg, 3)
+    check_resumed_data(earlier, resumed.now, tmp_path, resumed.answered)
+    resumed.keep_earlier(earlier["client-data"], tmp_path)
+    assert resumed.value["client-data"]["by-partition"] == {"0": a, "1": None, "2": a}
+    late = SimpleNamespace(data_folders={0: ("/d0", a), 2: ("/d2", a)}, node_of={0: 10, 2: 12})
+    assert resumed.joined(late) is None and resumed.refusal is None  # 2 back with its data
+    late.data_folders[1], late.node_of[1] = ("/d1", b), 11  # 1 started on the seeded split
+    resumed.joined(late)
+    assert "partition 1's client read null when the run started and reads" in str(resumed.refusal)
+    # a seeded start of a resumed run (its folder node not back yet) is no difference
+    check_resumed_data({"client-data": {"by-partition": {"0": None, "1": a}}}, {"client-data": None},
+                       tmp_path, {0})
+    with pytest.raises(ConfigError, match="this run's clients read the seeded split"):
+        check_resumed_data({"client-data": {"by-partition": {"0": None, "1": a}}},
+                           {"client-data": None}, tmp_path, {0, 1})
 
 
 def test_export_data_does_not_overwrite_an_earlier_export(tmp_path, capsys):

@@ -127,7 +127,7 @@ def warn_unused_data(cfg: Config, test) -> None:
 
 
 def client_data(folders: dict[int, tuple[str, dict[str, Any]]], cfg: Config,
-                num_partitions: int, answered: Any = ()) -> dict[str, Any]:
+                num_partitions: int, answered: Any = (), warn: bool = True) -> dict[str, Any]:
     """config.json's ``client-data`` (None: the seeded split) where clients train on their own
     data folders (``deploy up --data-dirs``, ``data-dir=`` in a SuperNode's node config), as the
     nodes that answered so far report them (:class:`ClientDataRecord` adds later ones): how many of
@@ -135,8 +135,8 @@ def client_data(folders: dict[int, tuple[str, dict[str, Any]]], cfg: Config,
     settings their exports record (normalised as the run config's; one dict where they agree,
     else each partition's, {} for a folder without partition.json; and by partition, null for
     one on the seeded split), so that a run on exported folders is not taken for a run of its
-    run config's split (``flowerbed table`` compares it). Warns where an export's settings
-    differ from the run config's."""
+    run config's split (``flowerbed table`` compares it). Warns (``warn``) where an export's
+    settings differ from the run config's."""
     if not folders:
         return {"client-data": None}  # the seeded split
     run = split_settings(cfg)
@@ -144,7 +144,8 @@ def client_data(folders: dict[int, tuple[str, dict[str, Any]]], cfg: Config,
     distinct = {json.dumps(e, sort_keys=True) for e in settings.values()}
     exported_with = next(iter(settings.values())) if len(distinct) == 1 else {
         str(pid): e for pid, e in settings.items()}
-    if differ := sorted({k for e in settings.values() for k, v in e.items() if k in run and v != run[k]}):
+    differ = sorted({k for e in settings.values() for k, v in e.items() if k in run and v != run[k]})
+    if differ and warn:
         exported = sum(bool(e) for e in settings.values())
         log.warning("%d of %d clients train on their own data folders (%d exported with %s; this "
                     "run's config has %s): they train on their folders' split%s; config.json records "
@@ -160,26 +161,60 @@ def client_data(folders: dict[int, tuple[str, dict[str, Any]]], cfg: Config,
 
 class ClientDataRecord:
     """config.json's ``client-data``, kept as nodes join: each partition is recorded with the
-    data it read when it first answered (a node that joins after round 1 is added; one that comes
-    back with another folder is not a new record: a resume compares against the first)."""
+    data it read when it first answered, in this attempt or (a resumed run) an earlier one. A
+    node that joins after round 1 is added; one that comes back with another folder keeps its
+    first record, and in a resumed run one whose data differs from an earlier attempt's record
+    makes :attr:`refusal` (the ServerApp stops after that round's checkpoint)."""
 
     def __init__(self, strategy: Any, cfg: Config, num_partitions: int) -> None:
         self.cfg, self.num_partitions = cfg, num_partitions
-        self.folders = dict(strategy.data_folders)
-        self.seen = {*strategy.data_folders, *strategy.node_of}
-        self.value = client_data(self.folders, cfg, num_partitions, self.seen)
+        self.answered = {*strategy.data_folders, *strategy.node_of}  # in this attempt
+        self.first: dict[int, dict[str, Any] | None] = {}
+        self._add(strategy, self.answered)
+        self.now = self.value = client_data(dict(strategy.data_folders), cfg, num_partitions, self.answered)
+        self.refusal: ConfigError | None = None
+        self.path = Path()
+
+    def _add(self, strategy: Any, partitions: set[int]) -> None:
+        for p in partitions:
+            self.first.setdefault(p, _normalised(strategy.data_folders[p][1])
+                                  if p in strategy.data_folders else None)
+
+    def _render(self) -> dict[str, Any]:
+        folders = {p: ("", e) for p, e in self.first.items() if e is not None}
+        return client_data(folders, self.cfg, self.num_partitions, self.first, warn=False)
+
+    def keep_earlier(self, earlier: Any, path: Path) -> None:
+        """A resumed run (in ``path``): the partitions an earlier attempt recorded keep that
+        record (those that answered this attempt were checked against it,
+        :func:`check_resumed_data`)."""
+        self.path = path
+        if isinstance(earlier, dict) and isinstance(earlier.get("by-partition"), dict):
+            for p, e in earlier["by-partition"].items():
+                self.first.setdefault(int(p), e)
+            self.value = self._render()
 
     def joined(self, strategy: Any) -> dict[str, Any] | None:
-        """The new ``client-data`` where partitions answered since the last record changed it."""
-        new = {*strategy.data_folders, *strategy.node_of} - self.seen
+        """The new ``client-data`` where partitions that answered since changed the record."""
+        new = {*strategy.data_folders, *strategy.node_of} - self.answered
         if not new:
             return None
-        self.seen |= new
-        self.folders.update({p: f for p, f in strategy.data_folders.items() if p in new})
-        value = client_data(self.folders, self.cfg, self.num_partitions, self.seen)
+        self.answered |= new
+        known = {p: self.first[p] for p in new if p in self.first}
+        self._add(strategy, new)
+        now = {p: _normalised(strategy.data_folders[p][1]) if p in strategy.data_folders else None
+               for p in known}
+        if changed := sorted(p for p in known if now[p] != known[p]):
+            p = changed[0]
+            self.refusal = ConfigError("resume", str(self.path), (
+                f"partition {p}'s client read {json.dumps(known[p])} when the run started and reads "
+                f"{json.dumps(now[p])} now (null: the seeded split; it answered late in this attempt): "
+                "resume it where the same data is served (deploy up --data-dirs with the same "
+                "folders, then deploy run --resume)"))
+        value = self._render()
         if value == self.value:
             return None
-        log.info("partition%s %s answered after the run started: config.json's client-data now "
+        log.info("partition%s %s answered after round 1 of this attempt: config.json's client-data now "
                  "records %s", "s" * (len(new) > 1), ", ".join(map(str, sorted(new))),
                  "them" if len(new) > 1 else "it")
         self.value = value
@@ -198,11 +233,13 @@ def _normalised(exported: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_resumed_data(earlier: dict[str, Any], now: dict[str, Any], path: Path) -> None:
+def check_resumed_data(earlier: dict[str, Any], now: dict[str, Any], path: Path,
+                       answered: Any = ()) -> None:
     """A resumed run must read the data it started on: config.json's ``client-data`` records,
     for each partition that answered, its own folder's export settings or (null) the seeded
-    split. Partitions both record are compared (a node late to answer is no difference); runs
-    made before it was recorded per partition are not checked."""
+    split. Partitions both record are compared (a node late to answer is no difference; where
+    ``now`` is the seeded split, ``answered`` are the partitions it holds for null); runs made
+    before it was recorded per partition are not checked."""
     if "client-data" not in earlier:
         return
     before, after = earlier["client-data"], now.get("client-data")
@@ -212,7 +249,7 @@ def check_resumed_data(earlier: dict[str, Any], now: dict[str, Any], path: Path)
     def parts(data: Any) -> dict[str, Any]:  # {} for the seeded split: every partition null
         return data["by-partition"] if isinstance(data, dict) else {}
 
-    b, a = parts(before), parts(after)
+    b, a = parts(before), parts(after) or {str(p): None for p in answered}
     if all(b.get(p) == a.get(p) for p in (set(b) & set(a) if b and a else set(b) | set(a))):
         return
 
@@ -256,11 +293,12 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     identity = {**cfg.to_run_config(), "num-partitions": num_partitions}  # what a resume must match
     ckpt, output_dir, run_name = _resume_point(cfg, identity)
     data_record = ClientDataRecord(strategy, cfg, num_partitions)
+    if ckpt is not None:
+        earlier = read_json(Path(output_dir) / run_name / "config.json")
+        check_resumed_data(earlier, data_record.now, Path(output_dir) / run_name, data_record.answered)
+        data_record.keep_earlier(earlier.get("client-data"), Path(output_dir) / run_name)
     described = {**identity, "server-device": str(device), "software": software(), **strategy.describe(),
                  **data_record.value}
-    if ckpt is not None:
-        check_resumed_data(read_json(Path(output_dir) / run_name / "config.json"), described,
-                           Path(output_dir) / run_name)
     with RunDir(output_dir, run_name, described,
                 resume_round=ckpt["round"] if ckpt else None) as run_dir:  # this ServerApp's till it ends
         strategy.run_key = client_state.run_key(run_dir.path, run_dir.run_id)
@@ -313,10 +351,16 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
             row["seconds"] = round(now - last["t"], 3)
             last["t"] = now
             run_dir.log_round(row)
-            if rnd > 0 and (joined := data_record.joined(strategy)) is not None:
-                run_dir.update_config(joined)  # before the checkpoint: a resume compares it
             if rnd > 0:
                 checkpoint.save(run_dir.path, rnd, arrays, strategy.checkpoint_state(), identity)
+                if (joined := data_record.joined(strategy)) is not None:
+                    try:
+                        run_dir.update_config(joined)
+                    except OSError as e:  # the round's metrics and checkpoint are kept
+                        log.warning("could not record the data of partitions that answered late in "
+                                    "%s: %s", run_dir.path / "config.json", e)
+                if data_record.refusal is not None:
+                    raise data_record.refusal
             if rnd > 0 and rnd == cfg.fault_crash_after:
                 log.error("fault-crash-after=%d: the ServerApp dies now (checkpoint of round %d written)",
                           rnd, rnd)
