@@ -255,7 +255,7 @@ def test_a_run_on_exported_folders_records_their_split(tmp_path, caplog):
             check_resumed_data({"client-data": before}, {"client-data": after}, tmp_path)
 
 
-def test_a_node_that_joins_late_is_added_to_client_data(tmp_path):
+def test_a_node_that_joins_late_is_added_to_client_data(tmp_path, caplog):
     """Left out until 2026-12-06: client-data recorded only the nodes that answered before
     round 1, so a resume could not check a late node's data and a table missed its folder."""
     from types import SimpleNamespace
@@ -278,7 +278,13 @@ def test_a_node_that_joins_late_is_added_to_client_data(tmp_path):
     assert written["client-data"]["own-folders"] == 2 and written["seed"] == 0 and "run-id" in written
     strategy.data_folders[0] = ("/other", b)  # 0 back with another folder: the first record stays
     del strategy.node_of[1]
-    assert record.joined(strategy) is None
+    with caplog.at_level("WARNING", logger="flowerbed"):
+        assert record.joined(strategy) is None and record.joined(strategy) is None
+    assert caplog.text.count("partition 0's node came back reading other data") == 1  # once
+    strategy.data_folders.pop(2)  # 2 back on the seeded split (whoami without a data-dir)
+    with caplog.at_level("WARNING", logger="flowerbed"):
+        record.joined(strategy)
+    assert "partition 2's node came back reading other data (null)" in caplog.text
     (tmp_path / "r" / "config.json").write_text("{trunc")  # damaged on disk: update what was written
     strategy.node_of[3] = 13
     run.update_config(record.joined(strategy))

@@ -174,6 +174,7 @@ class ClientDataRecord:
         self.now = self.value = client_data(dict(strategy.data_folders), cfg, num_partitions, self.answered)
         self.refusal: ConfigError | None = None
         self.path = Path()
+        self.warned: set[int] = set()  # partitions said to read other data than their record
 
     def _add(self, strategy: Any, partitions: set[int]) -> None:
         for p in partitions:
@@ -195,7 +196,16 @@ class ClientDataRecord:
             self.value = self._render()
 
     def joined(self, strategy: Any) -> dict[str, Any] | None:
-        """The new ``client-data`` where partitions that answered since changed the record."""
+        """The new ``client-data`` where partitions that answered since changed the record (and
+        a warning, once per partition, where a node came back with other data than its record)."""
+        for p in sorted(self.answered - self.warned):
+            now = (_normalised(strategy.data_folders[p][1]) if p in strategy.data_folders
+                   else None if p in strategy.node_of else self.first.get(p))
+            if now != self.first.get(p):
+                self.warned.add(p)
+                log.warning("partition %d's node came back reading other data (%s) than it started "
+                            "on (%s; null: the seeded split): from now on its client trains on it, and "
+                            "config.json keeps the first", p, json.dumps(now), json.dumps(self.first.get(p)))
         new = {*strategy.data_folders, *strategy.node_of} - self.answered
         if not new:
             return None

@@ -263,6 +263,8 @@ class FlowerbedFedAvg(FedAvg):
                 except ValueError:
                     exported = {}
                 self.data_folders[pid] = (folder, exported if isinstance(exported, dict) else {})
+            else:  # on the seeded split (a node back without its folder, too)
+                self.data_folders.pop(pid, None)
 
     def sample(self, grid: Grid, server_round: int, fraction: float, stream: int) -> list[int]:
         """Node ids of the sampled partitions, in partition order (deterministic per seed)."""
