@@ -66,7 +66,7 @@ class RunDir:
         """
         self.path = Path(output_dir).expanduser().resolve() / run_name
         self.metrics_path = self.path / "metrics.jsonl"
-        self.config = config  # its plot says what ran
+        self.config = config  # what config.json holds (run id and resumes added): its plot says what ran
         self.rows: list[dict[str, Any]] = []
         self._writer = contextlib.ExitStack()  # this ServerApp's, until close()
         if resume_round is None:
@@ -104,7 +104,7 @@ class RunDir:
                 *earlier.get("resumed-after-rounds", []), resume_round]}
         if self.run_id:
             config = {**config, "run-id": self.run_id}
-        self.written = config  # what config.json holds, for update_config
+        self.config = config
         write_json_atomic(self.path / "config.json", config)
         # a resumed run's wall time includes the rounds it keeps (their "seconds")
         self.started = time.time() - sum(r.get("seconds") or 0 for r in self.rows)
@@ -113,8 +113,7 @@ class RunDir:
         """config.json with ``changes``: what the run learns after its start (the data of a
         node that joined late)."""
         self.config = {**self.config, **changes}
-        self.written = {**self.written, **changes}
-        write_json_atomic(self.path / "config.json", self.written)
+        write_json_atomic(self.path / "config.json", self.config)
 
     def _keep_rows(self, resume_round: int) -> list[dict[str, Any]]:
         text = self.metrics_path.read_text() if self.metrics_path.exists() else ""

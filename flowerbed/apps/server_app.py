@@ -159,6 +159,11 @@ def client_data(folders: dict[int, tuple[str, dict[str, Any]]], cfg: Config,
                             "by-partition": {str(p): settings.get(p) for p in sorted({*answered, *folders})}}}
 
 
+#: how to resume a run whose clients read other data than it started on
+SERVE_THE_SAME = ("resume it where the same data is served (deploy up --data-dirs with the same "
+                  "folders, then deploy run --resume)")
+
+
 class ClientDataRecord:
     """config.json's ``client-data``, kept as nodes join: each partition is recorded with the
     data it read when it first answered, in this attempt or (a resumed run) an earlier one. A
@@ -171,15 +176,20 @@ class ClientDataRecord:
         self.answered = {*strategy.data_folders, *strategy.node_of}  # in this attempt
         self.first: dict[int, dict[str, Any] | None] = {}
         self._add(strategy, self.answered)
-        self.now = self.value = client_data(dict(strategy.data_folders), cfg, num_partitions, self.answered)
+        self.now = self.value = client_data(strategy.data_folders, cfg, num_partitions, self.answered)
         self.refusal: ConfigError | None = None
         self.path = Path()
         self.warned: set[int] = set()  # partitions said to read other data than their record
 
+    @staticmethod
+    def reads(strategy: Any, p: int) -> dict[str, Any] | None:
+        """What partition ``p``'s node reads as it last answered: its folder's export settings,
+        or None for the seeded split."""
+        return _normalised(strategy.data_folders[p][1]) if p in strategy.data_folders else None
+
     def _add(self, strategy: Any, partitions: set[int]) -> None:
         for p in partitions:
-            self.first.setdefault(p, _normalised(strategy.data_folders[p][1])
-                                  if p in strategy.data_folders else None)
+            self.first.setdefault(p, self.reads(strategy, p))
 
     def _render(self) -> dict[str, Any]:
         folders = {p: ("", e) for p, e in self.first.items() if e is not None}
@@ -199,9 +209,9 @@ class ClientDataRecord:
         """The new ``client-data`` where partitions that answered since changed the record (and
         a warning, once per partition, where a node came back with other data than its record)."""
         for p in sorted(self.answered - self.warned):
-            now = (_normalised(strategy.data_folders[p][1]) if p in strategy.data_folders
-                   else None if p in strategy.node_of else self.first.get(p))
-            if now != self.first.get(p):
+            if p not in strategy.node_of and p not in strategy.data_folders:  # gone, for now
+                continue
+            if (now := self.reads(strategy, p)) != self.first.get(p):
                 self.warned.add(p)
                 log.warning("partition %d's node came back reading other data (%s) than it started "
                             "on (%s; null: the seeded split): from now on its client trains on it, and "
@@ -212,15 +222,13 @@ class ClientDataRecord:
         self.answered |= new
         known = {p: self.first[p] for p in new if p in self.first}
         self._add(strategy, new)
-        now = {p: _normalised(strategy.data_folders[p][1]) if p in strategy.data_folders else None
-               for p in known}
+        now = {p: self.reads(strategy, p) for p in known}
         if changed := sorted(p for p in known if now[p] != known[p]):
             p = changed[0]
             self.refusal = ConfigError("resume", str(self.path), (
                 f"partition {p}'s client read {json.dumps(known[p])} when the run started and reads "
                 f"{json.dumps(now[p])} now (null: the seeded split; it answered late in this attempt): "
-                "resume it where the same data is served (deploy up --data-dirs with the same "
-                "folders, then deploy run --resume)"))
+                + SERVE_THE_SAME))
         value = self._render()
         if value == self.value:
             return None
@@ -268,8 +276,7 @@ def check_resumed_data(earlier: dict[str, Any], now: dict[str, Any], path: Path,
                 f"exported with {json.dumps(data.get('exported-with'))} ({data.get('own-folders')} of "
                 f"{data.get('clients')} clients)")
     raise ConfigError("resume", str(path), f"its clients trained on {said(before)}; this run's "
-                      f"clients read {said(after)}: resume it where the same data is served "
-                      "(deploy up --data-dirs with the same folders, then deploy run --resume)")
+                      f"clients read {said(after)}: " + SERVE_THE_SAME)
 
 
 def run(grid: Grid, cfg: Config) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 from flowerbed.clients.base import Client
-from flowerbed.training import evaluate, load_record, make_optimizer, to_record
+from flowerbed.training import make_optimizer, to_record
 
 PERSONAL, ALPHA = "apfl.personal", "apfl.alpha"
 
@@ -40,10 +40,8 @@ class APFLClient(Client):
 
     def held(self) -> tuple[nn.Module | None, float]:
         """This client's v (None before its first training round) and α."""
-        saved = self.context.state.array_records.get(PERSONAL)
         alpha = self.context.state.metric_records.get(ALPHA)
-        v = load_record(self.new_model(), saved).to(self.device) if saved is not None else None
-        return v, float(alpha["alpha"]) if alpha is not None else self.cfg.apfl_alpha
+        return self.state_model(PERSONAL), float(alpha["alpha"]) if alpha is not None else self.cfg.apfl_alpha
 
     def train(self, msg: Message) -> Message:
         cfg, rnd = self.cfg, self.round_of(msg)
@@ -80,6 +78,4 @@ class APFLClient(Client):
             with torch.no_grad():
                 for k, p in mixture(v, w, alpha).items():
                     v.get_parameter(k).copy_(p)
-        loss, acc = evaluate(w if v is None else v, self.test_data, self.device)
-        return self.reply(msg, {"num-examples": max(len(self.test_data), 1), "loss": loss,
-                                "accuracy": acc, "personal-model": float(v is not None)})
+        return self.scored(msg, w if v is None else v, {"personal-model": float(v is not None)})

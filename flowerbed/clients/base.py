@@ -76,6 +76,11 @@ class Client:
                 "(its context.state was lost?); the server sends the whole model next time")
         return load_record(model, ArrayRecord(merged)).to(self.device)
 
+    def state_model(self, key: str) -> nn.Module | None:
+        """The model this client keeps in ``context.state`` under ``key`` (None before it filed one)."""
+        saved = self.context.state.array_records.get(key)
+        return self.model_from(saved) if saved is not None else None
+
     def reply(self, msg: Message, metrics: dict[str, Any], **arrays: ArrayRecord) -> Message:
         content = RecordDict({**arrays, "metrics": MetricRecord(metrics)})
         return Message(content=content, reply_to=msg)
@@ -127,7 +132,11 @@ class Client:
         return {}
 
     def evaluate(self, msg: Message) -> Message:
-        model = self.model_from(msg.content["arrays"])
+        return self.scored(msg, self.model_from(msg.content["arrays"]))
+
+    def scored(self, msg: Message, model: nn.Module, extra: dict[str, Any] | None = None) -> Message:
+        """The evaluation reply: ``model``'s loss and accuracy on the local test split, and the
+        method's own metrics (``extra``)."""
         loss, acc = evaluate(model, self.test_data, self.device)
         return self.reply(msg, {"num-examples": max(len(self.test_data), 1), "loss": loss,
-                                "accuracy": acc})
+                                "accuracy": acc, **(extra or {})})

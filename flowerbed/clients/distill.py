@@ -19,7 +19,6 @@ from flowerbed.strategies.distill import PREDICTIONS, SOFT_TARGETS, TEST_PREDICT
 from flowerbed.training import (
     evaluate,
     fit_targets,
-    load_record,
     predict,
     seeded_generator,
     to_record,
@@ -46,9 +45,8 @@ class DistillClient(Client):
 
     def local_model(self) -> nn.Module:
         """The client's own model from its state (a fresh, seeded one in its first round)."""
-        saved = self.context.state.array_records.get(STATE)
-        if saved is not None:
-            return load_record(self.new_model(), saved).to(self.device)
+        if (own := self.state_model(STATE)) is not None:
+            return own
         with torch.random.fork_rng():
             torch.manual_seed(self.cfg.seed * 1000 + self.partition_id)
             return self.new_model().to(self.device)

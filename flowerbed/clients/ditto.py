@@ -19,7 +19,7 @@ from torch import nn
 
 from flowerbed.clients.base import Client
 from flowerbed.clients.fedavg import proximal
-from flowerbed.training import evaluate, to_record
+from flowerbed.training import to_record
 
 STATE = "ditto.personal"
 
@@ -28,8 +28,8 @@ class DittoClient(Client):
     keeps_state = True
 
     def personal_model(self, msg: Message) -> nn.Module:
-        saved = self.context.state.array_records.get(STATE)
-        return self.model_from(saved if saved is not None else msg.content["arrays"])
+        own = self.state_model(STATE)
+        return own if own is not None else self.model_from(msg.content["arrays"])
 
     def train(self, msg: Message) -> Message:
         cfg, rnd = self.cfg, self.round_of(msg)
@@ -45,7 +45,5 @@ class DittoClient(Client):
                                 "personal-train-loss": personal_loss}, arrays=to_record(model))
 
     def evaluate(self, msg: Message) -> Message:
-        loss, acc = evaluate(self.personal_model(msg), self.test_data, self.device)
         own = float(STATE in self.context.state.array_records)
-        return self.reply(msg, {"num-examples": max(len(self.test_data), 1), "loss": loss,
-                                "accuracy": acc, "personal-model": own})
+        return self.scored(msg, self.personal_model(msg), {"personal-model": own})

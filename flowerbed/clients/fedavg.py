@@ -38,7 +38,7 @@ class FedAvgFTClient(FedAvgClient):
     """FedAvg, evaluated after fine-tuning the global model locally (``finetune-epochs``)."""
 
     def evaluate(self, msg: Message) -> Message:
-        from flowerbed.training import evaluate, seeded_generator, train_epochs
+        from flowerbed.training import seeded_generator, train_epochs
 
         model = self.model_from(msg.content["arrays"])
         cfg = self.cfg
@@ -46,6 +46,4 @@ class FedAvgFTClient(FedAvgClient):
                      lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                      device=self.device,
                      generator=seeded_generator(cfg.seed, self.partition_id, self.round_of(msg), 99))
-        loss, acc = evaluate(model, self.test_data, self.device)
-        return self.reply(msg, {"num-examples": max(len(self.test_data), 1), "loss": loss,
-                                "accuracy": acc})
+        return self.scored(msg, model)

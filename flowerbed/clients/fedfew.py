@@ -31,9 +31,7 @@ class MultiModelClient(Client):
     def evaluate(self, msg: Message) -> Message:
         models = self.models_from(msg)
         k, _ = self.best_model(models)
-        loss, acc = evaluate(models[k], self.test_data, self.device)
-        return self.reply(msg, {"num-examples": max(len(self.test_data), 1), "loss": loss,
-                                "accuracy": acc, "chosen-model": k})
+        return self.scored(msg, models[k], {"chosen-model": k})
 
 
 class FedFewClient(MultiModelClient):

@@ -42,8 +42,4 @@ class FedRepClient(Client):
                           arrays=body)
 
     def evaluate(self, msg: Message) -> Message:
-        from flowerbed.training import evaluate
-
-        loss, acc = evaluate(self.personal_model(msg), self.test_data, self.device)
-        return self.reply(msg, {"num-examples": max(len(self.test_data), 1), "loss": loss,
-                                "accuracy": acc})
+        return self.scored(msg, self.personal_model(msg))

@@ -10,7 +10,7 @@ from flwr.app import Message
 from torch import nn
 
 from flowerbed.clients.base import Client
-from flowerbed.training import evaluate, load_record, to_record
+from flowerbed.training import to_record
 
 STATE = "local.model"
 
@@ -19,9 +19,8 @@ class LocalClient(Client):
     keeps_state = True
 
     def own_model(self) -> nn.Module:
-        saved = self.context.state.array_records.get(STATE)
-        if saved is not None:
-            return load_record(self.new_model(), saved).to(self.device)
+        if (own := self.state_model(STATE)) is not None:
+            return own
         with torch.random.fork_rng():
             torch.manual_seed(self.cfg.seed)  # the ServerApp's initialisation of every method
             return self.new_model().to(self.device)
@@ -33,6 +32,4 @@ class LocalClient(Client):
         return self.reply(msg, {"num-examples": len(self.train_data), "train-loss": loss})
 
     def evaluate(self, msg: Message) -> Message:
-        loss, acc = evaluate(self.own_model(), self.test_data, self.device)
-        return self.reply(msg, {"num-examples": max(len(self.test_data), 1), "loss": loss,
-                                "accuracy": acc})
+        return self.scored(msg, self.own_model())
