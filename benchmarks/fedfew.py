@@ -1,4 +1,5 @@
-"""FedFew vs IFCA, FedAvg (global and fine-tuned), FedRep, Ditto, APFL and Local: personalised accuracy.
+"""FedFew vs IFCA, FedAvg (global and fine-tuned), FedRep, Ditto, APFL, FedAMP and Local: personalised
+accuracy.
 
 Fashion-MNIST, 20 clients, pathological:2 and dirichlet:0.1, a 75/25 local train/test split per
 client, the same settings and seeds for every method (SGD as everywhere in flowerbed; the
@@ -50,7 +51,7 @@ OPT_IN = {"fedfew@fedfew-distinct-init=true": "fedfew (distinct init)",  # repor
 # fedavg-ft, not with fedavg)
 PROTOCOL = {"fedfew@fedfew-eval='local'": "fedfew (official code's evaluation)"}
 METHODS = ["fedfew", *OPT_IN, *PROTOCOL, "ifca", "fedavg", "fedavg-ft", "fedrep",
-           "ditto", "apfl", "local"]
+           "ditto", "apfl", "fedamp", "local"]
 SPLITS = ["pathological:2", "dirichlet:0.1"]
 NUM_CLIENTS = 20
 KEYS = ("client-accuracy", "client-accuracy-min", "client-accuracy-std", "jain-index")

@@ -55,8 +55,9 @@ def render() -> str:
     for name, title in (("foundation-dirichlet0.5", "FedAvg / FedProx / SCAFFOLD"),
                         ("fedx", "FedX vs its bases (linear probe)"),
                         ("fedcc", "FedCC vs FedDF, FedMD, FedAvg (ensemble accuracy)"),
-                        ("fedfew", "FedFew vs IFCA, FedAvg, FedRep, Ditto, APFL, Local (personalised)"),
-                        ("fedxds", "FedXDS vs FedAvg, FedProx, SCAFFOLD, unmasked sharing"),
+                        ("fedfew", "FedFew vs IFCA, FedAvg, FedRep, Ditto, APFL, FedAMP, Local "
+                                   "(personalised)"),
+                        ("fedxds", "FedXDS vs FedAvg, FedProx, SCAFFOLD, FedDyn, unmasked sharing"),
                         ("fedxds-100clients", "FedXDS with 100 clients"),
                         ("fedade", "Fed-ADE vs fixed learning rates"),
                         ("fedade_bounds", "Fed-ADE vs FixLR as both learning-rate bounds scale "

@@ -1,9 +1,9 @@
 """Client state that survives a server crash: ``context.state`` filed per round, restored on resume.
 
 Flower keeps a client's ``context.state`` for one run; a resumed run is a new Flower run with empty
-contexts. Methods whose clients keep state between rounds (SCAFFOLD's c_i, FedBYOL's target, FedU's
-local model, FedCC/FedDF/FedMD's models, FedRep's head, Ditto's personal model, APFL's personal
-model and α, Local's model, FedXDS's D_g, Fed-ADE's personal layers and estimator buffers)
+contexts. Methods whose clients keep state between rounds (SCAFFOLD's c_i, FedDyn's ∇L_i, FedBYOL's
+target, FedU's local model, FedCC/FedDF/FedMD's models, FedRep's head, Ditto's personal model,
+APFL's personal model and α, Local's model, FedXDS's D_g, Fed-ADE's personal layers and estimator buffers)
 therefore file it after every training round, on the client's own machine, under
 ``<client-state-dir>/<run-key>/partition-<i>/round-<r>.pt`` (the last two rounds are kept; after
 the run, the last). In a resumed run, the first message a client gets from round r restores the

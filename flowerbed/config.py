@@ -25,7 +25,7 @@ PARTITION_KINDS = ("iid", "dirichlet", "pathological", "shards")
 FEDX_BASES = ("simclr", "byol")
 DISTILL_METHODS = ("fedcc", "feddf", "fedmd")
 #: methods scored by personalised accuracy on the clients' local test splits
-PERSONAL_METHODS = ("fedfew", "ifca", "fedrep", "ditto", "apfl", "local", "fedavg-ft")
+PERSONAL_METHODS = ("fedfew", "ifca", "fedrep", "ditto", "apfl", "fedamp", "local", "fedavg-ft")
 #: self-supervised methods: trained on pairs of views, scored by a linear probe
 SSL_METHODS = ("fedsimclr", "fedbyol", "fedu", "fedx")
 MAX_EPSILON = 1e5  # FedXDS: a larger budget is no privacy (give fedxds-sigma for weak noise)
@@ -117,7 +117,7 @@ class Partition:
 #: runs read no key outside this. The ServerApp warns of a key set for a method not reading it.
 KEY_READERS: dict[str, tuple[str, ...]] = {
     **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedade", "fedfew", "fedu", "fedrep", "ditto",
-                          "apfl", "scaffold")},
+                          "apfl", "fedamp", "feddyn", "scaffold")},
     "probe": SSL_METHODS, "ssl": SSL_METHODS, "ssl-tau": ("fedsimclr", "fedx"),  # NT-Xent's
     "byol": ("fedbyol", "fedu", "fedx"),
     "distill": DISTILL_METHODS, "hetero": DISTILL_METHODS,
@@ -265,6 +265,10 @@ class Config:
     apfl_alpha: float
     apfl_adaptive: bool
     apfl_alpha_lr: float
+    fedamp_alpha: float
+    fedamp_sigma: float
+    fedamp_lambda: float
+    feddyn_alpha: float
     finetune_epochs: int
     output_dir: str
     run_name: str
@@ -432,7 +436,8 @@ class Config:
                               "FedX's global terms already)")
         for key in ("lr", "scaffold-server-lr", "round-timeout", "probe-lr", "ssl-tau",
                     "fedx-tau-target", "fedx-tau-local", "fedu-mu", "distill-lr", "fedfew-mu",
-                    "fedfew-server-lr", "fedxds-clip"):
+                    "fedfew-server-lr", "fedxds-clip", "fedamp-alpha", "fedamp-sigma", "fedamp-lambda",
+                    "feddyn-alpha"):
             v = getattr(self, key.replace("-", "_"))
             if not (v > 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number > 0")

@@ -12,10 +12,12 @@ from flowerbed.clients.apfl import APFLClient
 from flowerbed.clients.base import Client, make_model
 from flowerbed.clients.ditto import DittoClient
 from flowerbed.clients.fedade import FedADEClient
+from flowerbed.clients.fedamp import FedAMPClient
 from flowerbed.clients.fedavg import FedAvgClient, FedAvgFTClient, FedProxClient
 from flowerbed.clients.fedbyol import BYOLClient
 from flowerbed.clients.fedcc import FedCCClient
 from flowerbed.clients.feddf import FedDFClient
+from flowerbed.clients.feddyn import FedDynClient
 from flowerbed.clients.fedfew import FedFewClient
 from flowerbed.clients.fedmd import FedMDClient
 from flowerbed.clients.fedrep import FedRepClient
@@ -32,9 +34,11 @@ from flowerbed.strategies.apfl import APFLStrategy
 from flowerbed.strategies.base import FlowerbedFedAvg
 from flowerbed.strategies.ditto import DittoStrategy
 from flowerbed.strategies.fedade import FedADEStrategy
+from flowerbed.strategies.fedamp import FedAMPStrategy
 from flowerbed.strategies.fedavg import FedAvgFTStrategy, FedAvgStrategy, FedProxStrategy
 from flowerbed.strategies.fedcc import FedCCStrategy
 from flowerbed.strategies.feddf import FedDFStrategy
+from flowerbed.strategies.feddyn import FedDynStrategy
 from flowerbed.strategies.fedfew import FedFewStrategy
 from flowerbed.strategies.fedmd import FedMDStrategy
 from flowerbed.strategies.fedrep import FedRepStrategy
@@ -67,6 +71,8 @@ METHODS: dict[str, Method] = {
         Method("fedprox", FedProxStrategy, FedProxClient, make_model, "FedProx (Li et al., 2020)"),
         Method("scaffold", ScaffoldStrategy, ScaffoldClient, make_model,
                "SCAFFOLD (Karimireddy et al., 2020), option II control variates"),
+        Method("feddyn", FedDynStrategy, FedDynClient, make_model,
+               "FedDyn (Acar et al., 2021): dynamic regularisation, a linear term kept per client"),
         Method("fedsimclr", SSLStrategy, SimCLRClient, make_ssl_model,
                "FedSimCLR: SimCLR (NT-Xent) locally, FedAvg; linear probe"),
         Method("fedbyol", SSLStrategy, BYOLClient, make_ssl_model,
@@ -91,6 +97,8 @@ METHODS: dict[str, Method] = {
                "Ditto (Li et al., 2021): FedAvg + a personal model pulled towards it"),
         Method("apfl", APFLStrategy, APFLClient, make_model,
                "APFL (Deng et al., 2020): FedAvg + a personal model, served mixed with it by a learnt alpha"),
+        Method("fedamp", FedAMPStrategy, FedAMPClient, make_model,
+               "FedAMP (Huang et al., 2021): per-client cloud models by attentive message passing"),
         Method("local", LocalStrategy, LocalClient, make_model, "Local-only training"),
         Method("fedavg-ft", FedAvgFTStrategy, FedAvgFTClient, make_model,
                "FedAvg, evaluated after local fine-tuning"),

@@ -13,5 +13,5 @@ EXTRA = {
     "fedade": {"fedade-rounds-per-step": 1, "fedade-batch": 20, "fedade-pretrain-epochs": 1,
                "train-samples": 2000, "min-partition-size": 6},
     **{m: {"num-models": 2, "local-test-fraction": 0.25, "partition": "pathological:2"}
-       for m in ("fedfew", "ifca", "fedrep", "ditto", "apfl", "local", "fedavg-ft")},
+       for m in ("fedfew", "ifca", "fedrep", "ditto", "apfl", "fedamp", "local", "fedavg-ft")},
 }

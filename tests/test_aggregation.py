@@ -369,12 +369,13 @@ def test_scaffold_control_variate_update_option_ii():
     model = nn.Linear(1, 1, bias=False)
     with torch.no_grad():
         model.weight.fill_(1.0)  # y (after training)
-    me = SimpleNamespace(cfg=cfg, steps=4, round_of=lambda m: 1,
+    me = SimpleNamespace(cfg=cfg, steps=4, round_of=lambda m: 1, state_key=ScaffoldClient.state_key,
                          context=Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                                          run_config={}),
                          _x={"weight": torch.full((1, 1), 3.0)},    # x (before training)
                          _c={"weight": torch.full((1, 1), 0.5)},
                          _ci={"weight": torch.full((1, 1), 0.2)})
+    me.file_pending = lambda rec, msg: ScaffoldClient.file_pending(me, rec, msg)
     out = ScaffoldClient.extra_arrays(me, model, None)
     ci_plus = 0.2 - 0.5 + (3.0 - 1.0) / (4 * 0.1 / (1 - 0.5))  # = 2.2
     assert me.context.state[PENDING]["weight"].numpy().item() == pytest.approx(ci_plus)
@@ -439,3 +440,38 @@ def test_a_simulation_client_without_a_gpu_share_stays_on_the_cpu(monkeypatch):
     for actor, gpus, device in [("a1", [], "cpu"), ("a1", ["0"], "cuda"), (None, [], "cuda")]:
         monkeypatch.setitem(sys.modules, "ray", ray(actor, gpus))
         assert pick_device().type == device, (actor, gpus)
+
+
+def test_feddyn_server_update_by_hand_with_batchnorm_buffers(cfg):
+    """h <- h - alpha/m sum_P (theta_k - theta); theta <- mean_P theta_k - h/alpha over the
+    parameters (an unweighted mean); buffers take FedAvg's mean, int64 ones stay int64."""
+    from flowerbed.strategies.feddyn import FedDynStrategy
+    from flowerbed.strategies.synced import ACCEPTED
+
+    s = FedDynStrategy(cfg.replace(feddyn_alpha=0.1))
+    s.model = nn.BatchNorm1d(2)  # parameters weight, bias; buffers incl. num_batches_tracked
+    msgs = prepared(s, [101, 102, 103, 104])  # m = 4 clients, 2 participate
+
+    def bn(v: float, n: int) -> ArrayRecord:
+        return ArrayRecord({"weight": Array(np.full(2, v, np.float32)),
+                            "bias": Array(np.full(2, v, np.float32)),
+                            "running_mean": Array(np.full(2, v, np.float32)),
+                            "running_var": Array(np.full(2, 1.0, np.float32)),
+                            "num_batches_tracked": Array(np.array(n, np.int64))})
+
+    s._reference = bn(0.0, 0)
+    reps = [reply(msgs[0], RecordDict({"arrays": bn(2.0, 3), "metrics": MetricRecord({"num-examples": 10})})),
+            reply(msgs[1], RecordDict({"arrays": bn(4.0, 6), "metrics": MetricRecord({"num-examples": 30})}))]
+    s._sent = msgs[:2]
+    out, _ = s.aggregate_train(1, reps)
+    h = -0.1 / 4 * (2.0 + 4.0)
+    assert np.allclose(s.h["weight"], h) and "running_mean" not in s.h
+    assert np.allclose(out["weight"].numpy(), 3.0 - h / 0.1)  # 4.5, not the weighted 3.5
+    assert np.allclose(out["running_mean"].numpy(), (2 * 10 + 4 * 30) / 40)
+    assert out["num_batches_tracked"].numpy().dtype == np.int64
+    assert dict(s.train_content(2, out, ConfigRecord())[ACCEPTED]) == {"0": 1, "1": 1}
+    s._reference = out  # round 2: one client, no change: h stays, theta = theta_k - h/alpha
+    s._sent = msgs[:1]
+    out2, _ = s.aggregate_train(2, [reply(msgs[0], RecordDict({"arrays": out, "metrics": MetricRecord(
+        {"num-examples": 10})}))])
+    assert np.allclose(s.h["weight"], h) and np.allclose(out2["weight"].numpy(), 4.5 - h / 0.1)

@@ -579,3 +579,78 @@ def test_more_models_than_clients_is_warned(strategy, caplog):
             assert logging.root.manager.disable == logging.INFO
         finally:
             logging.disable(logging.NOTSET)
+
+
+def test_feddyn_client_regulariser_and_its_state_by_hand():
+    """Round 1 (grad L_k = 0) trains as FedProx with mu = alpha; the new grad L_k =
+    -alpha (theta_k - theta_s) waits for the server; adopted once taken, it enters the loss."""
+    from flowerbed.clients.base import make_model
+    from flowerbed.clients.feddyn import STATE_KEY
+    from flowerbed.datasets.federated import train_set
+    from flowerbed.strategies.synced import ACCEPTED
+    from flowerbed.training import to_record
+
+    c, cfg, ctx = client_with("feddyn", **{"feddyn-alpha": 0.5})
+    prox, _, _ = client_with("fedprox", **{"proximal-mu": 0.5})
+    net = make_model(cfg, train_set(cfg))
+    start, params = to_record(net), [k for k, _ in net.named_parameters()]
+
+    def train(cl, rnd, accepted, **extra):
+        return cl.train(sent(4, RecordDict({"arrays": start, ACCEPTED: ConfigRecord(accepted),
+                                            "config": ConfigRecord({"server-round": rnd, **extra})})))
+
+    first = train(c, 1, {})
+    same = train(prox, 1, {}, **{"proximal-mu": 0.5})
+    assert all(np.array_equal(first.content["arrays"][k].numpy(), same.content["arrays"][k].numpy())
+               for k in start)
+    grad = {k: -0.5 * (first.content["arrays"][k].numpy() - start[k].numpy()) for k in params}
+    assert STATE_KEY not in ctx.state and set(ctx.state[f"{STATE_KEY}-pending"]) == set(grad)
+    assert all(np.allclose(ctx.state[f"{STATE_KEY}-pending"][k].numpy(), g) for k, g in grad.items())
+    second = train(c, 2, {"2": 1})  # taken: adopted, and the linear term changes the update
+    assert all(np.allclose(ctx.state[STATE_KEY][k].numpy(), g) for k, g in grad.items())
+    again = train(prox, 2, {}, **{"proximal-mu": 0.5})
+    assert not np.allclose(second.content["arrays"]["fc2.weight"].numpy(),
+                           again.content["arrays"]["fc2.weight"].numpy())
+
+
+def test_fedamp_attention_by_hand_and_its_bound():
+    from flowerbed.config import ConfigError
+    from flowerbed.strategies.fedamp import FedAMPStrategy, attention, squared_distances
+
+    flat = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]])
+    d = squared_distances(flat)
+    assert np.allclose(d, [[0, 1, 4], [1, 0, 5], [4, 5, 0]])
+    xi = attention(d, 0.2, 2.0)
+    a = lambda x: 0.2 * np.exp(-x / 2.0) / 2.0  # noqa: E731  (alpha_k A'(x))
+    assert np.allclose(xi[0], [1 - a(1) - a(4), a(1), a(4)]) and np.allclose(xi.sum(1), 1.0)
+    assert (np.diag(xi) >= 0).all()
+    cfg = Config.from_run_config({**SMALL, "method": "fedamp", "fedamp-alpha": 0.5, "fedamp-sigma": 1.0})
+    FedAMPStrategy(cfg).check_setup(3)  # 0.5 * 2 <= 1
+    with pytest.raises(ConfigError, match="fedamp-alpha.*<= 0.25"):
+        FedAMPStrategy(cfg).check_setup(5)
+
+
+def test_fedamp_sends_each_client_its_cloud_model_and_scores_its_own():
+    """Training: client i gets u_i = sum_j xi_ij w_j (a client the server holds no model of: the
+    round's model) and proximal-mu = lambda/alpha_k; evaluation: its own uploaded w_i."""
+    from flowerbed.strategies.fedamp import FedAMPStrategy, attention, squared_distances
+    from tests.conftest import FakeGrid
+
+    cfg = Config.from_run_config({**SMALL, "method": "fedamp", "fedamp-alpha": 0.2, "fedamp-sigma": 2.0,
+                                  "fedamp-lambda": 0.1, "min-clients": 1})
+    s = FedAMPStrategy(cfg)
+    msgs = prepared(s, [101, 102, 103])
+    s._reference = rec(0.0)
+    s._sent = msgs[:2]
+    s.aggregate_train(1, [reply(msgs[0], RecordDict({"arrays": rec(1.0), "metrics": MetricRecord(
+        {"num-examples": 1})})), reply(msgs[1], RecordDict({"arrays": rec(3.0), "metrics": MetricRecord(
+            {"num-examples": 3})}))])
+    out = list(s.configure_train(2, rec(2.5), ConfigRecord(), FakeGrid([101, 102, 103])))
+    xi = attention(squared_distances(np.array([np.full(4, 1.0), np.full(4, 3.0)])), 0.2, 2.0)
+    got = [m.content["arrays"]["w"].numpy() for m in out]
+    assert np.allclose(got[0], xi[0, 0] * 1.0 + xi[0, 1] * 3.0)
+    assert np.allclose(got[1], xi[1, 0] * 1.0 + xi[1, 1] * 3.0)
+    assert np.allclose(got[2], 2.5)  # partition 2: no model held yet
+    assert out[0].content["config"]["proximal-mu"] == pytest.approx(0.5)
+    evals = list(s.configure_evaluate(2, rec(2.5), ConfigRecord(), FakeGrid([101, 102, 103])))
+    assert [float(m.content["arrays"]["w"].numpy()[0, 0]) for m in evals] == [1.0, 3.0, 2.5]

@@ -18,23 +18,19 @@ with momentum on that split, so K/(1 − β) stays.
 
 from __future__ import annotations
 
-import logging
-
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message
+from flwr.app import Array, ArrayRecord, Message
 from torch import nn
 
-from flowerbed.clients.base import Client
-from flowerbed.strategies.scaffold import ACCEPTED, CV_DELTA, SERVER_CV
+from flowerbed.clients.synced import SyncedStateClient
+from flowerbed.strategies.scaffold import CV_DELTA, SERVER_CV
 
 STATE_KEY = "scaffold.c_i"
-PENDING = "scaffold.c_i-pending"  # c_i⁺ of the last reply, adopted once the server took its Δc_i
-PENDING_ROUND = "scaffold.pending-round"
-log = logging.getLogger("flowerbed")
+PENDING = f"{STATE_KEY}-pending"  # c_i⁺ of the last reply, adopted once the server took its Δc_i
 
 
-class ScaffoldClient(Client):
-    keeps_state = True
+class ScaffoldClient(SyncedStateClient):
+    state_key = STATE_KEY
 
     def _variate(self, record: ArrayRecord | None, name: str, like: torch.Tensor) -> torch.Tensor:
         if record is not None and name in record:
@@ -47,8 +43,8 @@ class ScaffoldClient(Client):
 
     def fit(self, model: nn.Module, msg: Message, rnd: int, **hooks):
         c_rec = msg.content.array_records.get(SERVER_CV)
-        self._adopt_pending(msg)
-        ci_rec = self.context.state.array_records.get(STATE_KEY)
+        self.adopt_pending(msg)
+        ci_rec = self.held_state()
         params = dict(model.named_parameters())
         self._x = {k: p.detach().clone() for k, p in params.items()}
         self._c = {k: self._variate(c_rec, k, p) for k, p in params.items()}
@@ -70,20 +66,5 @@ class ScaffoldClient(Client):
             ci_plus = self._ci[k] - self._c[k] + (self._x[k] - p.detach()) * scale
             delta[k] = Array((ci_plus - self._ci[k]).cpu().numpy())
             new_ci[k] = Array(ci_plus.cpu().numpy())
-        self.context.state[PENDING] = ArrayRecord(new_ci)
-        self.context.state[PENDING_ROUND] = ConfigRecord({"round": self.round_of(msg)})
+        self.file_pending(ArrayRecord(new_ci), msg)
         return {CV_DELTA: ArrayRecord(delta)}
-
-    def _adopt_pending(self, msg: Message) -> None:
-        """c_i ← the last reply's c_i⁺ if the server aggregated that reply's Δc_i, else keep c_i."""
-        state = self.context.state
-        if PENDING not in state.array_records:
-            return
-        pending_round = state.config_records[PENDING_ROUND]["round"]
-        accepted = msg.content.config_records.get(ACCEPTED, ConfigRecord())
-        if accepted.get(str(self.partition_id)) == pending_round:
-            state[STATE_KEY] = state.array_records[PENDING]
-        else:
-            log.info("SCAFFOLD: the server did not take round %d's Δc_i; c_i stays", pending_round)
-        del state[PENDING]
-        del state[PENDING_ROUND]

@@ -10,9 +10,8 @@ c starts empty, meaning zero for every parameter; it gains a key the first time 
 reports one (control variates cover trainable parameters, not buffers).
 
 c must stay the mean of the clients' c_i, so a client adopts its c_i⁺ only once the server has
-taken its Δc_i: every training message names, per partition, the last round whose Δc_i was
-aggregated (``ACCEPTED``); a client whose last reply was refused (timeout, failed validation,
-a skipped round) keeps its old c_i.
+taken its Δc_i (``strategies/synced.py``); a client whose last reply was refused (timeout,
+failed validation, a skipped round) keeps its old c_i.
 """
 
 from __future__ import annotations
@@ -21,21 +20,21 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from flowerbed.strategies.base import FlowerbedFedAvg, cast_like, metric_record
+from flowerbed.strategies.base import cast_like, metric_record
+from flowerbed.strategies.synced import ACCEPTED, SyncedStateStrategy
 
 SERVER_CV = "server_cv"
 CV_DELTA = "cv_delta"
-ACCEPTED = "scaffold_accepted"  # ConfigRecord: partition id (str) -> last round whose Δc_i was taken
+__all__ = ["ACCEPTED", "CV_DELTA", "SERVER_CV", "ScaffoldStrategy"]
 
 
-class ScaffoldStrategy(FlowerbedFedAvg):
+class ScaffoldStrategy(SyncedStateStrategy):
     reply_arrays = {"arrays": "exact", CV_DELTA: "subset"}  # c_i covers parameters only
     checkpoint_attrs = ("c", "accepted")  # the server control variate; whose Δc_i it holds
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.c: dict[str, np.ndarray] = {}
-        self.accepted: dict[str, int] = {}
 
     def subset_keys(self, key: str, reference: ArrayRecord) -> set[str] | None:
         if key != CV_DELTA or self.model is None:
@@ -46,7 +45,6 @@ class ScaffoldStrategy(FlowerbedFedAvg):
                       ) -> RecordDict:
         content = super().train_content(server_round, arrays, config)
         content[SERVER_CV] = ArrayRecord({k: Array(v) for k, v in self.c.items()})
-        content[ACCEPTED] = ConfigRecord(dict(self.accepted))
         return content
 
     def aggregate_train(self, server_round: int, replies):
@@ -64,11 +62,11 @@ class ScaffoldStrategy(FlowerbedFedAvg):
         if self._reference is not None:
             avg = cast_like(avg, self._reference)
         n_total = max(self.num_partitions or len(valid), len(valid))
-        for pid, r in zip(self.round.ok, valid, strict=True):  # both in partition order
+        for r in valid:
             for k, arr in r.content[CV_DELTA].items():
                 d = arr.numpy().astype(np.float32) / n_total
                 self.c[k] = self.c[k] + d if k in self.c else d
-            self.accepted[str(pid)] = server_round
+        self.took(server_round, self.round.ok)
         metrics = self.train_metrics_aggr_fn([RecordDict({"m": metric_record(r.content)})
                                               for r in valid], self.weighted_by_key)
         self.round.train_metrics = dict(metrics)

@@ -1,0 +1,56 @@
+"""FedDyn (Acar et al., ICLR 2021), server half: dynamic regularisation.
+
+Each client k keeps the linear term of its regulariser, ∇L_k (``clients/feddyn.py``), and
+returns its model θ_k. With P this round's participants, m all clients and θ the model the round
+started from, the server updates
+
+    h ← h − α (1/m) Σ_{k∈P} (θ_k − θ),      θ ← (1/|P|) Σ_{k∈P} θ_k − h/α
+
+(α = ``feddyn-alpha``; an unweighted mean, as the paper and the official code). h starts at
+zero and covers the parameters; the buffers (BatchNorm's running statistics) take the
+sample-weighted mean, as FedAvg's. h must stay −α/m times the sum of the client updates it
+took, so a client adopts its new ∇L_k only once the server took its reply
+(``strategies/synced.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+
+from flowerbed.strategies.base import cast_like, metric_record
+from flowerbed.strategies.synced import SyncedStateStrategy
+
+
+class FedDynStrategy(SyncedStateStrategy):
+    checkpoint_attrs = ("h", "accepted")  # the server state h; whose replies it holds
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.h: dict[str, np.ndarray] = {}
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        valid, _ = self._check_and_log_replies(replies, is_train=True)
+        if not valid or self._reference is None:
+            return None, None
+        records = [RecordDict({"arrays": r.content["arrays"], "m": metric_record(r.content)})
+                   for r in valid]
+        new = dict(aggregate_arrayrecords(records, self.weighted_by_key).items())  # the buffers
+        alpha = self.cfg.feddyn_alpha
+        m = max(self.num_partitions or len(valid), len(valid))
+        params = ([k for k, _ in self.model.named_parameters()] if self.model is not None
+                  else list(self._reference))
+        for k in params:
+            start = self._reference[k].numpy().astype(np.float64)
+            models = [r.content["arrays"][k].numpy().astype(np.float64) for r in valid]
+            self.h[k] = self.h.get(k, 0.0) - alpha / m * sum(t - start for t in models)
+            new[k] = Array(np.asarray(np.mean(models, axis=0) - self.h[k] / alpha))
+        self.took(server_round, self.round.ok)
+        metrics = self.train_metrics_aggr_fn([RecordDict({"m": metric_record(r.content)})
+                                              for r in valid], self.weighted_by_key)
+        self.round.train_metrics = dict(metrics)
+        return cast_like(ArrayRecord(new), self._reference), metrics
