@@ -1,6 +1,5 @@
 """Server-side logic on replies built here: FedAvg's mean, reply validation, SCAFFOLD's update."""
 
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ from flowerbed.config import Config, ConfigError
 from flowerbed.strategies.base import cast_like
 from flowerbed.strategies.fedavg import FedAvgStrategy, FedProxStrategy
 from flowerbed.strategies.scaffold import ACCEPTED, CV_DELTA, ScaffoldStrategy
-from tests.conftest import FakeGrid, error_reply, reply
+from tests.conftest import FakeGrid, error_reply, reply, sent
 from tests.conftest import prepared as sent_to
 
 SHAPES = {"w": (3, 2), "b": (2,)}
@@ -369,14 +368,12 @@ def test_scaffold_control_variate_update_option_ii():
     model = nn.Linear(1, 1, bias=False)
     with torch.no_grad():
         model.weight.fill_(1.0)  # y (after training)
-    me = SimpleNamespace(cfg=cfg, steps=4, round_of=lambda m: 1, state_key=ScaffoldClient.state_key,
-                         context=Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
-                                         run_config={}),
-                         _x={"weight": torch.full((1, 1), 3.0)},    # x (before training)
-                         _c={"weight": torch.full((1, 1), 0.5)},
-                         _ci={"weight": torch.full((1, 1), 0.2)})
-    me.file_pending = lambda rec, msg: ScaffoldClient.file_pending(me, rec, msg)
-    out = ScaffoldClient.extra_arrays(me, model, None)
+    me = ScaffoldClient.__new__(ScaffoldClient)  # no data: only the update is computed
+    me.cfg, me.steps = cfg, 4
+    me.context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    me._x = {"weight": torch.full((1, 1), 3.0)}  # x (before training)
+    me._c, me._ci = {"weight": torch.full((1, 1), 0.5)}, {"weight": torch.full((1, 1), 0.2)}
+    out = me.extra_arrays(model, sent(1, RecordDict({"config": ConfigRecord({"server-round": 1})})))
     ci_plus = 0.2 - 0.5 + (3.0 - 1.0) / (4 * 0.1 / (1 - 0.5))  # = 2.2
     assert me.context.state[PENDING]["weight"].numpy().item() == pytest.approx(ci_plus)
     assert out[CV_DELTA]["weight"].numpy().item() == pytest.approx(ci_plus - 0.2)
@@ -475,3 +472,24 @@ def test_feddyn_server_update_by_hand_with_batchnorm_buffers(cfg):
     out2, _ = s.aggregate_train(2, [reply(msgs[0], RecordDict({"arrays": out, "metrics": MetricRecord(
         {"num-examples": 10})}))])
     assert np.allclose(s.h["weight"], h) and np.allclose(out2["weight"].numpy(), 4.5 - h / 0.1)
+
+
+def test_synced_state_reads_scaffolds_older_pending_round_and_drops_a_roundless_pending(caplog):
+    """State filed before the handshake was shared named SCAFFOLD's pending round
+    'scaffold.pending-round': a resume from it adopts as before; a pending state without its
+    round is dropped with a warning instead of failing every round after."""
+    from flowerbed.clients.scaffold import PENDING, STATE_KEY, ScaffoldClient
+    from flowerbed.strategies.synced import ACCEPTED
+
+    me = ScaffoldClient.__new__(ScaffoldClient)
+    me.partition_id = 0
+    pending = ArrayRecord({"weight": Array(np.ones(1, np.float32))})
+    me.context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(
+        {PENDING: pending, "scaffold.pending-round": ConfigRecord({"round": 3})}), run_config={})
+    me.adopt_pending(sent(1, RecordDict({ACCEPTED: ConfigRecord({"0": 3})})))
+    assert STATE_KEY in me.context.state and PENDING not in me.context.state
+    assert "scaffold.pending-round" not in me.context.state
+    me.context.state[PENDING] = pending
+    with caplog.at_level("WARNING", logger="flowerbed"):
+        me.adopt_pending(sent(1, RecordDict({ACCEPTED: ConfigRecord({"0": 3})})))
+    assert PENDING not in me.context.state and "without its round" in caplog.text

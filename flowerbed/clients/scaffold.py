@@ -18,28 +18,20 @@ with momentum on that split, so K/(1 − β) stays.
 
 from __future__ import annotations
 
-import torch
 from flwr.app import Array, ArrayRecord, Message
 from torch import nn
 
-from flowerbed.clients.synced import SyncedStateClient
+from flowerbed.clients.synced import SyncedStateClient, pending_key
 from flowerbed.strategies.scaffold import CV_DELTA, SERVER_CV
 
 STATE_KEY = "scaffold.c_i"
-PENDING = f"{STATE_KEY}-pending"  # c_i⁺ of the last reply, adopted once the server took its Δc_i
+PENDING = pending_key(STATE_KEY)  # c_i⁺ of the last reply, adopted once the server took its Δc_i
 
 
 class ScaffoldClient(SyncedStateClient):
     state_key = STATE_KEY
-
-    def _variate(self, record: ArrayRecord | None, name: str, like: torch.Tensor) -> torch.Tensor:
-        if record is not None and name in record:
-            v = torch.as_tensor(record[name].numpy(), device=like.device)
-            if v.shape != like.shape:  # a (1,) would broadcast into every gradient element
-                raise ValueError(f"control variate '{name}' has shape {tuple(v.shape)}, the "
-                                 f"parameter {tuple(like.shape)}")
-            return v
-        return torch.zeros_like(like)
+    state_name = "control variate"
+    pending_round_key = "scaffold.pending-round"  # its name before the handshake was shared
 
     def fit(self, model: nn.Module, msg: Message, rnd: int, **hooks):
         c_rec = msg.content.array_records.get(SERVER_CV)
@@ -47,8 +39,8 @@ class ScaffoldClient(SyncedStateClient):
         ci_rec = self.held_state()
         params = dict(model.named_parameters())
         self._x = {k: p.detach().clone() for k, p in params.items()}
-        self._c = {k: self._variate(c_rec, k, p) for k, p in params.items()}
-        self._ci = {k: self._variate(ci_rec, k, p) for k, p in params.items()}
+        self._c = {k: self.state_tensor(c_rec, k, p) for k, p in params.items()}
+        self._ci = {k: self.state_tensor(ci_rec, k, p) for k, p in params.items()}
         correction = {k: self._c[k] - self._ci[k] for k in params}
 
         def correct(m: nn.Module) -> None:

@@ -39,14 +39,17 @@ from flowerbed.strategies.base import cast_like, metric_record, with_record
 from flowerbed.strategies.personal import PersonalStrategy
 
 
-def squared_distances(flat: np.ndarray) -> np.ndarray:
-    """||w_i − w_j||² [M, M] of M flattened models [M, P] (by differences, not a Gram matrix:
-    near-equal models lose no digits)."""
+def squared_distances(flat: np.ndarray, chunk: int = 1 << 16) -> np.ndarray:
+    """||w_i − w_j||² [M, M] of M flattened models [M, P]: a float64 Gram matrix summed over
+    column chunks (float64 keeps the digits of near-equal models; the chunks keep copies small)."""
     m = len(flat)
-    dist = np.zeros((m, m))
-    for i in range(m):
-        for j in range(i + 1, m):
-            dist[i, j] = dist[j, i] = float(np.sum((flat[i] - flat[j]) ** 2))
+    gram = np.zeros((m, m))
+    for c in range(0, flat.shape[1], chunk):
+        part = flat[:, c:c + chunk].astype(np.float64)
+        gram += part @ part.T
+    sq = np.diag(gram)
+    dist = np.maximum(sq[:, None] + sq[None, :] - 2.0 * gram, 0.0)
+    np.fill_diagonal(dist, 0.0)
     return dist
 
 
@@ -64,9 +67,10 @@ class FedAMPStrategy(PersonalStrategy):
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
-        self.personal: dict[str, dict[str, np.ndarray]] = {}  # partition id (str) -> w_i
-        self._cloud: dict[int, ArrayRecord] = {}  # this round's u_i, by partition
-        self._xi: dict[int, float] = {}  # partition -> its ξ_ii this round
+        self.personal: dict[str, ArrayRecord] = {}  # partition id (str) -> its w_i
+        self._rows: dict[int, int] = {}  # partition -> its row in this round's ξ and stack
+        self._xi = np.zeros((0, 0))
+        self._stack = np.zeros((0, 0), np.float32)  # the held models, flattened [M, P]
         self._stats: dict[str, float] = {}
         self._serving = "cloud"  # what content_for puts in a message: u_i (train) or w_i (evaluate)
 
@@ -77,10 +81,6 @@ class FedAMPStrategy(PersonalStrategy):
                               f"clients it must be <= {s / max(num_partitions - 1, 1):.4g}: a client's "
                               "own weight 1 - alpha_k sum_j exp(-d_ij/sigma)/sigma can go negative")
 
-    def _held(self, pid: int) -> ArrayRecord | None:
-        w = self.personal.get(str(pid))
-        return ArrayRecord({k: Array(v) for k, v in w.items()}) if w is not None else None
-
     def train_content(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord
                       ) -> RecordDict:
         config["proximal-mu"] = self.cfg.fedamp_lambda / self.cfg.fedamp_alpha
@@ -88,25 +88,37 @@ class FedAMPStrategy(PersonalStrategy):
 
     def configure_train(self, server_round, arrays, config, grid):
         self._serving = "cloud"
-        self._cloud, self._xi, self._stats = {}, {}, {}
         held = sorted(int(p) for p in self.personal)
+        self._rows = {pid: row for row, pid in enumerate(held)}
+        self._stats = {}
         if held:
-            params = [k for k, _ in self.model.named_parameters()] if self.model is not None else None
-            keys = params or sorted(self.personal[str(held[0])])
-            flat = np.stack([np.concatenate([self.personal[str(p)][k].ravel().astype(np.float64)
-                                             for k in keys]) for p in held])
-            dist = squared_distances(flat)
-            xi = attention(dist, self.cfg.fedamp_alpha, self.cfg.fedamp_sigma)
-            models = [self.personal[str(p)] for p in held]
-            for row, pid in enumerate(held):
-                u = {k: sum(xi[row, j] * m[k].astype(np.float64) for j, m in enumerate(models))
-                     for k in models[row]}
-                self._cloud[pid] = cast_like(ArrayRecord({k: Array(np.asarray(v)) for k, v in u.items()}),
-                                             arrays)
-            self._xi = {pid: float(xi[row, row]) for row, pid in enumerate(held)}
+            params = {k for k, _ in self.model.named_parameters()} if self.model is not None else set(arrays)
+            self._keys = sorted(arrays, key=lambda k: (k not in params, k))  # parameters first
+            n_params = sum(arrays[k].numpy().size for k in self._keys if k in params)
+            self._stack = np.stack([np.concatenate([self.personal[str(p)][k].numpy().ravel()
+                                                    .astype(np.float32) for k in self._keys])
+                                    for p in held])
+            dist = squared_distances(self._stack[:, :n_params])
+            self._xi = attention(dist, self.cfg.fedamp_alpha, self.cfg.fedamp_sigma)
             upper = dist[np.triu_indices(len(held), 1)]
             self._stats = {"fedamp-distance": float(np.median(upper)) if upper.size else 0.0}
-        return super().configure_train(server_round, arrays, config, grid)
+        msgs = super().configure_train(server_round, arrays, config, grid)  # u_i made per message
+        self._stack = np.zeros((0, 0), np.float32)  # (M copies of the model: not kept between rounds)
+        return msgs
+
+    def cloud_model(self, pid: int, like: ArrayRecord) -> ArrayRecord | None:
+        """u_i of a partition the server holds a model of (None for the others)."""
+        row = self._rows.get(pid)
+        if row is None:
+            return None
+        flat = self._xi[row].astype(np.float32) @ self._stack
+        out, at = {}, 0
+        for k in self._keys:
+            shape = like[k].numpy().shape
+            size = int(np.prod(shape))
+            out[k] = Array(flat[at:at + size].reshape(shape))
+            at += size
+        return cast_like(ArrayRecord(out), like)
 
     def configure_evaluate(self, server_round, arrays, config, grid):
         self._serving = "personal"
@@ -114,22 +126,24 @@ class FedAMPStrategy(PersonalStrategy):
 
     def content_for(self, node: int, content: RecordDict) -> RecordDict:
         pid = self.partition_of.get(node)
-        own = self._cloud.get(pid) if self._serving == "cloud" else self._held(pid)
-        return content if own is None else with_record(content, self.arrayrecord_key, own)
+        key = self.arrayrecord_key
+        own = (self.cloud_model(pid, content.array_records[key]) if self._serving == "cloud"
+               else self.personal.get(str(pid)))
+        return content if own is None else with_record(content, key, own)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         valid, _ = self._check_and_log_replies(replies, is_train=True)
         if not valid:
             return None, None
         for pid, r in zip(self.round.ok, valid, strict=True):  # both in partition order
-            self.personal[str(pid)] = {k: a.numpy() for k, a in r.content["arrays"].items()}
+            self.personal[str(pid)] = r.content["arrays"]
         mean = aggregate_arrayrecords([RecordDict({"arrays": r.content["arrays"],
                                                    "m": metric_record(r.content)}) for r in valid],
                                       self.weighted_by_key)
         metrics = self.train_metrics_aggr_fn([RecordDict({"m": metric_record(r.content)})
                                               for r in valid], self.weighted_by_key)
-        sampled = [self._xi[p] for p in self.round.sampled if p in self._xi]
-        extra = {**self._stats, **({"fedamp-self-weight": float(np.mean(sampled))} if sampled else {})}
+        own = [self._xi[self._rows[p], self._rows[p]] for p in self.round.sampled if p in self._rows]
+        extra = {**self._stats, **({"fedamp-self-weight": float(np.mean(own))} if own else {})}
         metrics = MetricRecord({**metrics, **extra})
         self.round.train_metrics = dict(metrics)
         return cast_like(mean, self._reference) if self._reference is not None else mean, metrics

@@ -45,10 +45,12 @@ class FedDynStrategy(SyncedStateStrategy):
         params = ([k for k, _ in self.model.named_parameters()] if self.model is not None
                   else list(self._reference))
         for k in params:
-            start = self._reference[k].numpy().astype(np.float64)
-            models = [r.content["arrays"][k].numpy().astype(np.float64) for r in valid]
-            self.h[k] = self.h.get(k, 0.0) - alpha / m * sum(t - start for t in models)
-            new[k] = Array(np.asarray(np.mean(models, axis=0) - self.h[k] / alpha))
+            total = np.zeros(self._reference[k].numpy().shape)  # Σ_P θ_k, float64, one at a time
+            for r in valid:
+                total += r.content["arrays"][k].numpy()
+            delta = total - len(valid) * self._reference[k].numpy().astype(np.float64)
+            self.h[k] = self.h.get(k, 0.0) - alpha / m * delta
+            new[k] = Array(np.asarray(total / len(valid) - self.h[k] / alpha))
         self.took(server_round, self.round.ok)
         metrics = self.train_metrics_aggr_fn([RecordDict({"m": metric_record(r.content)})
                                               for r in valid], self.weighted_by_key)

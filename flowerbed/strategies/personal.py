@@ -1,5 +1,5 @@
-"""Shared server half of the personalised methods (FedFew, IFCA, FedRep, Ditto, APFL, Local,
-FedAvg-FT; Fed-ADE through FedRep).
+"""Shared server half of the personalised methods (FedFew, IFCA, FedRep, Ditto, APFL, FedAMP,
+Local, FedAvg-FT; Fed-ADE through FedRep).
 
 Their score is personalised accuracy: each client evaluates the model it would be served on its
 local test split; the round's ``accuracy`` is the sample-weighted mean over clients (and the
