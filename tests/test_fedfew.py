@@ -654,3 +654,33 @@ def test_fedamp_sends_each_client_its_cloud_model_and_scores_its_own():
     assert out[0].content["config"]["proximal-mu"] == pytest.approx(0.5)
     evals = list(s.configure_evaluate(2, rec(2.5), ConfigRecord(), FakeGrid([101, 102, 103])))
     assert [float(m.content["arrays"]["w"].numpy()[0, 0]) for m in evals] == [1.0, 3.0, 2.5]
+
+
+def test_fedamp_distances_cover_parameters_and_buffers_are_mixed_in_their_dtype():
+    from torch import nn
+
+    from flowerbed.strategies.fedamp import FedAMPStrategy, attention
+    from tests.conftest import FakeGrid
+
+    cfg = Config.from_run_config({**SMALL, "method": "fedamp", "fedamp-alpha": 0.2, "fedamp-sigma": 2.0,
+                                  "min-clients": 1})
+    s = FedAMPStrategy(cfg)
+    s.model = nn.BatchNorm1d(2)  # parameters weight, bias; buffers running_*, num_batches_tracked
+
+    def bn(v: float, mean: float, n: int) -> ArrayRecord:
+        return ArrayRecord({"weight": Array(np.full(2, v, np.float32)),
+                            "bias": Array(np.zeros(2, np.float32)),
+                            "running_mean": Array(np.full(2, mean, np.float32)),
+                            "running_var": Array(np.ones(2, np.float32)),
+                            "num_batches_tracked": Array(np.array(n, np.int64))})
+
+    prepared(s, [101, 102])
+    s.personal = {"0": bn(0.0, 100.0, 3), "1": bn(1.0, -100.0, 8)}  # buffers far apart, weights not
+    out = list(s.configure_train(2, bn(0.0, 0.0, 0), ConfigRecord(), FakeGrid([101, 102])))
+    xi = attention(np.array([[0.0, 2.0], [2.0, 0.0]]), 0.2, 2.0)  # d = 2 over weight (2 x 1.0^2)
+    u0 = out[0].content["arrays"]
+    assert list(u0) == list(bn(0.0, 0.0, 0))  # the model's key order
+    assert np.allclose(u0["weight"].numpy(), xi[0, 1] * 1.0)
+    assert np.allclose(u0["running_mean"].numpy(), xi[0, 0] * 100.0 - xi[0, 1] * 100.0, rtol=1e-5)
+    n = u0["num_batches_tracked"].numpy()
+    assert n.dtype == np.int64 and n == round(xi[0, 0] * 3 + xi[0, 1] * 8)

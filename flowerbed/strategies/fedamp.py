@@ -10,7 +10,8 @@ A(x) = 1 − e^{−x/σ} being the paper's attention function (``fedamp-alpha`` 
 over rounds; ``fedamp-sigma`` = σ). Every client whose model the server holds enters, as in the
 paper's cross-silo setting (PFLlib takes only the last round's participants). Distances are
 over the parameters, not the buffers (BatchNorm's running statistics), as in PFLlib; u_i
-mixes buffers with the same weights. As A' ≤ 1/σ, ξ_ii ≥ 0 for any models where
+mixes buffers with the same weights (in float32, the models' precision; integer buffers
+rounded). As A' ≤ 1/σ, ξ_ii ≥ 0 for any models where
 α_k (M − 1) ≤ σ (M clients); a run that breaks this bound stops before round 1 (PFLlib lets
 ξ_ii go negative). A client the server holds no model of yet (round 1, a late
 joiner) is sent the round's model: the initial model, then the mean of the last round's uploads.
@@ -70,6 +71,7 @@ class FedAMPStrategy(PersonalStrategy):
         self.personal: dict[str, ArrayRecord] = {}  # partition id (str) -> its w_i
         self._rows: dict[int, int] = {}  # partition -> its row in this round's ξ and stack
         self._xi = np.zeros((0, 0))
+        self._keys: list[str] = []  # the stack's layout: parameters first
         self._stack = np.zeros((0, 0), np.float32)  # the held models, flattened [M, P]
         self._stats: dict[str, float] = {}
         self._serving = "cloud"  # what content_for puts in a message: u_i (train) or w_i (evaluate)
@@ -94,10 +96,12 @@ class FedAMPStrategy(PersonalStrategy):
         if held:
             params = {k for k, _ in self.model.named_parameters()} if self.model is not None else set(arrays)
             self._keys = sorted(arrays, key=lambda k: (k not in params, k))  # parameters first
-            n_params = sum(arrays[k].numpy().size for k in self._keys if k in params)
-            self._stack = np.stack([np.concatenate([self.personal[str(p)][k].numpy().ravel()
-                                                    .astype(np.float32) for k in self._keys])
-                                    for p in held])
+            sizes = [int(np.prod(arrays[k].shape)) for k in self._keys]
+            n_params = sum(n for k, n in zip(self._keys, sizes, strict=True) if k in params)
+            self._stack = np.empty((len(held), sum(sizes)), np.float32)
+            for row, p in enumerate(held):
+                self._stack[row] = np.concatenate([self.personal[str(p)][k].numpy().ravel()
+                                                   for k in self._keys])
             dist = squared_distances(self._stack[:, :n_params])
             self._xi = attention(dist, self.cfg.fedamp_alpha, self.cfg.fedamp_sigma)
             upper = dist[np.triu_indices(len(held), 1)]
@@ -114,11 +118,10 @@ class FedAMPStrategy(PersonalStrategy):
         flat = self._xi[row].astype(np.float32) @ self._stack
         out, at = {}, 0
         for k in self._keys:
-            shape = like[k].numpy().shape
-            size = int(np.prod(shape))
-            out[k] = Array(flat[at:at + size].reshape(shape))
+            size = int(np.prod(like[k].shape))
+            out[k] = Array(flat[at:at + size].reshape(like[k].shape))
             at += size
-        return cast_like(ArrayRecord(out), like)
+        return cast_like(ArrayRecord({k: out[k] for k in like}), like)  # the model's key order
 
     def configure_evaluate(self, server_round, arrays, config, grid):
         self._serving = "personal"
