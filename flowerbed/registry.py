@@ -20,6 +20,7 @@ from flowerbed.clients.feddf import FedDFClient
 from flowerbed.clients.feddyn import FedDynClient
 from flowerbed.clients.fedfew import FedFewClient
 from flowerbed.clients.fedmd import FedMDClient
+from flowerbed.clients.fednova import FedNovaClient
 from flowerbed.clients.fedrep import FedRepClient
 from flowerbed.clients.fedsimclr import SimCLRClient, make_ssl_model
 from flowerbed.clients.fedu import FedUClient
@@ -41,6 +42,7 @@ from flowerbed.strategies.feddf import FedDFStrategy
 from flowerbed.strategies.feddyn import FedDynStrategy
 from flowerbed.strategies.fedfew import FedFewStrategy
 from flowerbed.strategies.fedmd import FedMDStrategy
+from flowerbed.strategies.fednova import FedNovaStrategy
 from flowerbed.strategies.fedrep import FedRepStrategy
 from flowerbed.strategies.fedx import FedXStrategy
 from flowerbed.strategies.fedxds import FedXDSStrategy
@@ -71,6 +73,8 @@ METHODS: dict[str, Method] = {
         Method("fedprox", FedProxStrategy, FedProxClient, make_model, "FedProx (Li et al., 2020)"),
         Method("scaffold", ScaffoldStrategy, ScaffoldClient, make_model,
                "SCAFFOLD (Karimireddy et al., 2020), option II control variates"),
+        Method("fednova", FedNovaStrategy, FedNovaClient, make_model,
+               "FedNova (Wang et al., 2020): updates normalised by each client's local steps"),
         Method("feddyn", FedDynStrategy, FedDynClient, make_model,
                "FedDyn (Acar et al., 2021): dynamic regularisation, a linear term kept per client"),
         Method("fedsimclr", SSLStrategy, SimCLRClient, make_ssl_model,

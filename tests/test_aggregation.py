@@ -493,3 +493,44 @@ def test_synced_state_reads_scaffolds_older_pending_round_and_drops_a_roundless_
     with caplog.at_level("WARNING", logger="flowerbed"):
         me.adopt_pending(sent(1, RecordDict({ACCEPTED: ConfigRecord({"0": 3})})))
     assert PENDING not in me.context.state and "without its round" in caplog.text
+
+
+def test_fednova_normalises_each_update_by_its_gradient_weight(cfg):
+    """x <- x - tau_eff sum_i p_i (x - y_i) / ||a_i||_1: two clients that end at the same model
+    after 2 and 4 steps' worth of gradient weight; equal norms give FedAvg's mean; a reply
+    without a positive norm is refused."""
+    from flowerbed.strategies.fednova import NORM, FedNovaStrategy
+
+    s = FedNovaStrategy(cfg)
+    msgs = prepared(s, [101, 102, 103])
+
+    def nova(value, n, norm):
+        return RecordDict({"arrays": arrays(value), "metrics": MetricRecord(
+            {"num-examples": n, "train-loss": 1.0, **({NORM: norm} if norm is not None else {})})})
+
+    out, m = s.aggregate_train(1, [reply(msgs[0], nova(2.0, 10, 2.0)), reply(msgs[1], nova(2.0, 30, 4.0)),
+                                   reply(msgs[2], nova(9.0, 10, 0.0))])
+    tau = 0.25 * 2 + 0.75 * 4  # p = (0.25, 0.75): partition 2 (norm 0) refused
+    assert np.allclose(out["w"].numpy(), tau * (0.25 / 2 * 2.0 + 0.75 / 4 * 2.0))  # 2.1875, not 2
+    assert m["tau-eff"] == pytest.approx(tau) and [f["partition"] for f in s.round.failed] == [2]
+    assert "nova-norm" in s.round.failed[0]["reason"]
+    s._sent = msgs[:2]
+    even, _ = s.aggregate_train(2, [reply(msgs[0], nova(1.0, 10, 3.0)), reply(msgs[1], nova(4.0, 30, 3.0))])
+    assert np.allclose(even["w"].numpy(), (1.0 * 10 + 4.0 * 30) / 40)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.5, 0.9])
+def test_fednova_gradient_weight_is_what_the_optimiser_applied(momentum):
+    """A constant gradient g moves a parameter by lr * g * ||a||_1 over the steps."""
+    from flowerbed.clients.fednova import gradient_weight
+    from flowerbed.training import make_optimizer
+
+    w = nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        w.weight.zero_()
+    opt = make_optimizer(w, 0.1, momentum, 0.0)
+    for _ in range(7):
+        opt.zero_grad()
+        (w.weight * 2.0).sum().backward()  # gradient 2 at every step
+        opt.step()
+    assert -w.weight.item() == pytest.approx(0.1 * 2.0 * gradient_weight(7, momentum), rel=1e-5)

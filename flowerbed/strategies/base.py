@@ -29,6 +29,7 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log as flog
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from flowerbed.config import Config, ConfigError
 from flowerbed.datasets.loading import DataSet
@@ -325,6 +326,26 @@ class FlowerbedFedAvg(FedAvg):
         if arrays is not None and self._reference is not None:
             arrays = cast_like(arrays, self._reference)
         return arrays, metrics
+
+    def client_metrics(self, valid: list[Message]) -> MetricRecord:
+        """The sample-weighted mean of the valid training replies' metrics."""
+        return self.train_metrics_aggr_fn([RecordDict({"m": metric_record(r.content)}) for r in valid],
+                                          self.weighted_by_key)
+
+    def valid_mean(self, replies: Iterable[Message]
+                   ) -> tuple[list[Message], dict[str, Array], list[str]] | None:
+        """For a server update of its own (FedDyn, FedNova): the round's valid training replies,
+        their sample-weighted mean (which the buffers keep) and the names of the parameters to
+        update; None when no reply is valid."""
+        valid, _ = self._check_and_log_replies(replies, is_train=True)
+        if not valid or self._reference is None:
+            return None
+        mean = aggregate_arrayrecords([RecordDict({"arrays": r.content["arrays"],
+                                                   "m": metric_record(r.content)}) for r in valid],
+                                      self.weighted_by_key)
+        params = ([k for k, _ in self.model.named_parameters()] if self.model is not None
+                  else list(self._reference))
+        return valid, dict(mean.items()), params
 
     # ------------------------------------------------------------------ the round loop
     def checkpoint_state(self) -> dict[str, Any]:

@@ -143,8 +143,7 @@ class FedAMPStrategy(PersonalStrategy):
         mean = aggregate_arrayrecords([RecordDict({"arrays": r.content["arrays"],
                                                    "m": metric_record(r.content)}) for r in valid],
                                       self.weighted_by_key)
-        metrics = self.train_metrics_aggr_fn([RecordDict({"m": metric_record(r.content)})
-                                              for r in valid], self.weighted_by_key)
+        metrics = self.client_metrics(valid)
         own = [self._xi[self._rows[p], self._rows[p]] for p in self.round.sampled if p in self._rows]
         extra = {**self._stats, **({"fedamp-self-weight": float(np.mean(own))} if own else {})}
         metrics = MetricRecord({**metrics, **extra})

@@ -18,10 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+from flwr.app import Array, ArrayRecord, Message, MetricRecord
 
-from flowerbed.strategies.base import cast_like, metric_record
+from flowerbed.strategies.base import cast_like
 from flowerbed.strategies.synced import SyncedStateStrategy
 
 
@@ -34,16 +33,11 @@ class FedDynStrategy(SyncedStateStrategy):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        valid, _ = self._check_and_log_replies(replies, is_train=True)
-        if not valid or self._reference is None:
+        if (taken := self.valid_mean(replies)) is None:
             return None, None
-        records = [RecordDict({"arrays": r.content["arrays"], "m": metric_record(r.content)})
-                   for r in valid]
-        new = dict(aggregate_arrayrecords(records, self.weighted_by_key).items())  # the buffers
+        valid, new, params = taken  # new: the mean, kept for the buffers
         alpha = self.cfg.feddyn_alpha
         m = max(self.num_partitions or len(valid), len(valid))
-        params = ([k for k, _ in self.model.named_parameters()] if self.model is not None
-                  else list(self._reference))
         for k in params:
             total = np.zeros(self._reference[k].numpy().shape)  # Σ_P θ_k, float64, one at a time
             for r in valid:
@@ -52,7 +46,6 @@ class FedDynStrategy(SyncedStateStrategy):
             self.h[k] = self.h.get(k, 0.0) - alpha / m * delta
             new[k] = Array(np.asarray(total / len(valid) - self.h[k] / alpha))
         self.took(server_round, self.round.ok)
-        metrics = self.train_metrics_aggr_fn([RecordDict({"m": metric_record(r.content)})
-                                              for r in valid], self.weighted_by_key)
+        metrics = self.client_metrics(valid)
         self.round.train_metrics = dict(metrics)
         return cast_like(ArrayRecord(new), self._reference), metrics

@@ -39,8 +39,7 @@ class IFCAStrategy(KModelStrategy):
             sizes.append(len(members))
             new.append(cast_like(aggregate_arrayrecords(members, self.weighted_by_key), old)
                        if members else old)
-        metrics = self.train_metrics_aggr_fn([RecordDict({"m": metric_record(r.content)})
-                                              for r in valid], self.weighted_by_key)
+        metrics = self.client_metrics(valid)
         metrics = MetricRecord({**{k: v for k, v in metrics.items() if k != "cluster"},
                                 **{f"cluster-{k}-clients": n for k, n in enumerate(sizes)}})
         self.round.train_metrics = dict(metrics)

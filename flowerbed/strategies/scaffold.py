@@ -67,7 +67,6 @@ class ScaffoldStrategy(SyncedStateStrategy):
                 d = arr.numpy().astype(np.float32) / n_total
                 self.c[k] = self.c[k] + d if k in self.c else d
         self.took(server_round, self.round.ok)
-        metrics = self.train_metrics_aggr_fn([RecordDict({"m": metric_record(r.content)})
-                                              for r in valid], self.weighted_by_key)
+        metrics = self.client_metrics(valid)
         self.round.train_metrics = dict(metrics)
         return avg, metrics
