@@ -513,7 +513,11 @@ def test_fednova_normalises_each_update_by_its_gradient_weight(cfg):
     tau = 0.25 * 2 + 0.75 * 4  # p = (0.25, 0.75): partition 2 (norm 0) refused
     assert np.allclose(out["w"].numpy(), tau * (0.25 / 2 * 2.0 + 0.75 / 4 * 2.0))  # 2.1875, not 2
     assert m["tau-eff"] == pytest.approx(tau) and [f["partition"] for f in s.round.failed] == [2]
-    assert "nova-norm" in s.round.failed[0]["reason"]
+    assert "nova-norm" not in m  # its weighted mean is tau-eff
+    assert "'nova-norm' must be in [1, " in s.round.failed[0]["reason"]
+    s._sent = msgs[:1]  # a norm far above what 10 samples allow: refused too (it would inflate tau_eff)
+    assert s.aggregate_train(2, [reply(msgs[0], nova(2.0, 10, 1e12))]) == (None, None)
+    assert "got 1000000000000.0" in s.round.failed[-1]["reason"]
     s._sent = msgs[:2]
     even, _ = s.aggregate_train(2, [reply(msgs[0], nova(1.0, 10, 3.0)), reply(msgs[1], nova(4.0, 30, 3.0))])
     assert np.allclose(even["w"].numpy(), (1.0 * 10 + 4.0 * 30) / 40)

@@ -28,9 +28,17 @@ NORM = "nova-norm"
 
 class FedNovaStrategy(FlowerbedFedAvg):
     def check_arrays(self, content: RecordDict) -> str | None:
-        norm = metric_record(content).get(NORM)
-        if not isinstance(norm, int | float) or not math.isfinite(norm) or norm <= 0:
-            return f"metric '{NORM}' must be a finite number > 0, got {norm!r}"
+        """``nova-norm`` between 1 (one step) and τ/(1 − ρ), τ the steps ``num-examples`` samples
+        give in ``local-epochs`` (each step's weight is below 1/(1 − ρ)): a tiny norm would scale
+        the client's update without bound. (``num-examples`` is checked before this.)"""
+        mr = metric_record(content)
+        norm, n = mr.get(NORM), mr[self.weighted_by_key]
+        if not isinstance(norm, int | float):
+            return f"metric '{NORM}' must be a number, got {norm!r}"
+        most = self.cfg.local_epochs * math.ceil(n / self.cfg.batch_size) / (1 - self.cfg.momentum)
+        if not 1 <= norm <= most * (1 + 1e-9):
+            return (f"metric '{NORM}' must be in [1, {most:.6g}] (one step; local-epochs of {n:g} "
+                    f"samples in batches of {self.cfg.batch_size}), got {norm!r}")
         return super().check_arrays(content)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
@@ -49,6 +57,7 @@ class FedNovaStrategy(FlowerbedFedAvg):
                 step += pi / a * (x - r.content["arrays"][k].numpy())
             new[k] = Array(np.asarray(x - tau_eff * step))
         metrics = self.client_metrics(valid)
-        metrics = MetricRecord({**metrics, "tau-eff": tau_eff})
+        metrics = MetricRecord({**{k: v for k, v in metrics.items() if k != NORM},  # its mean: τ_eff
+                                "tau-eff": tau_eff})
         self.round.train_metrics = dict(metrics)
         return cast_like(ArrayRecord(new), self._reference), metrics
