@@ -1,4 +1,4 @@
-"""FedAvg / FedProx / SCAFFOLD through the launcher, identical partitions and seeds.
+"""FedAvg / FedProx / SCAFFOLD (FedDyn, FedNova: --update) through the launcher, same partitions and seeds.
 
 Target (issue #2): FedAvg, fashion-mnist, dirichlet:0.5, 10 clients, 20 rounds, 1 local epoch
 reaches >= 88 % test accuracy.

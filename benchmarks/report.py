@@ -52,7 +52,7 @@ def render() -> str:
                    f"normalised per batch instead of DataLoader transforms, and 1 CPU per client "
                    f"(Ray's default of 2 would run the clients one at a time here). "
                    f"{d.get('note', '')}")
-    for name, title in (("foundation-dirichlet0.5", "FedAvg / FedProx / SCAFFOLD"),
+    for name, title in (("foundation-dirichlet0.5", "FedAvg / FedProx / SCAFFOLD / FedDyn / FedNova"),
                         ("fedx", "FedX vs its bases (linear probe)"),
                         ("fedcc", "FedCC vs FedDF, FedMD, FedAvg, FedNova (ensemble accuracy)"),
                         ("fedfew", "FedFew vs IFCA, FedAvg, FedRep, Ditto, APFL, FedAMP, Local "
