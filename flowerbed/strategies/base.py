@@ -327,16 +327,22 @@ class FlowerbedFedAvg(FedAvg):
             arrays = cast_like(arrays, self._reference)
         return arrays, metrics
 
-    def client_metrics(self, valid: list[Message]) -> MetricRecord:
-        """The sample-weighted mean of the valid training replies' metrics."""
-        return self.train_metrics_aggr_fn([RecordDict({"m": metric_record(r.content)}) for r in valid],
+    def client_metrics(self, valid: list[Message], extra: dict[str, Any] | None = None,
+                       drop: tuple[str, ...] = ()) -> MetricRecord:
+        """The round's training metrics, recorded for its row: the sample-weighted mean of the
+        valid replies' metrics less ``drop`` (a metric whose mean means nothing), with the
+        server's own ``extra``."""
+        mean = self.train_metrics_aggr_fn([RecordDict({"m": metric_record(r.content)}) for r in valid],
                                           self.weighted_by_key)
+        metrics = MetricRecord({**{k: v for k, v in mean.items() if k not in drop}, **(extra or {})})
+        self.round.train_metrics = dict(metrics)
+        return metrics
 
     def valid_mean(self, replies: Iterable[Message]
                    ) -> tuple[list[Message], dict[str, Array], list[str]] | None:
-        """For a server update of its own (FedDyn, FedNova): the round's valid training replies,
-        their sample-weighted mean (which the buffers keep) and the names of the parameters to
-        update; None when no reply is valid."""
+        """For a server update of its own (SCAFFOLD, FedDyn, FedNova, FedAMP): the round's valid
+        training replies, their sample-weighted mean (which the buffers keep) and the names of
+        the parameters to update; None when no reply is valid."""
         valid, _ = self._check_and_log_replies(replies, is_train=True)
         if not valid or self._reference is None:
             return None

@@ -32,11 +32,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from flowerbed.config import ConfigError
-from flowerbed.strategies.base import cast_like, metric_record, with_record
+from flowerbed.strategies.base import cast_like, with_record
 from flowerbed.strategies.personal import PersonalStrategy
 
 
@@ -135,17 +134,11 @@ class FedAMPStrategy(PersonalStrategy):
         return content if own is None else with_record(content, key, own)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        valid, _ = self._check_and_log_replies(replies, is_train=True)
-        if not valid:
+        if (taken := self.valid_mean(replies)) is None:
             return None, None
+        valid, mean, _ = taken
         for pid, r in zip(self.round.ok, valid, strict=True):  # both in partition order
             self.personal[str(pid)] = r.content["arrays"]
-        mean = aggregate_arrayrecords([RecordDict({"arrays": r.content["arrays"],
-                                                   "m": metric_record(r.content)}) for r in valid],
-                                      self.weighted_by_key)
-        metrics = self.client_metrics(valid)
         own = [self._xi[self._rows[p], self._rows[p]] for p in self.round.sampled if p in self._rows]
         extra = {**self._stats, **({"fedamp-self-weight": float(np.mean(own))} if own else {})}
-        metrics = MetricRecord({**metrics, **extra})
-        self.round.train_metrics = dict(metrics)
-        return cast_like(mean, self._reference) if self._reference is not None else mean, metrics
+        return cast_like(ArrayRecord(mean), self._reference), self.client_metrics(valid, extra)

@@ -37,7 +37,7 @@ class FedDynStrategy(SyncedStateStrategy):
             return None, None
         valid, new, params = taken  # new: the mean, kept for the buffers
         alpha = self.cfg.feddyn_alpha
-        m = max(self.num_partitions or len(valid), len(valid))
+        m = self.all_clients(len(valid))
         for k in params:
             total = np.zeros(self._reference[k].numpy().shape)  # Σ_P θ_k, float64, one at a time
             for r in valid:
@@ -46,6 +46,4 @@ class FedDynStrategy(SyncedStateStrategy):
             self.h[k] = self.h.get(k, 0.0) - alpha / m * delta
             new[k] = Array(np.asarray(total / len(valid) - self.h[k] / alpha))
         self.took(server_round, self.round.ok)
-        metrics = self.client_metrics(valid)
-        self.round.train_metrics = dict(metrics)
-        return cast_like(ArrayRecord(new), self._reference), metrics
+        return cast_like(ArrayRecord(new), self._reference), self.client_metrics(valid)

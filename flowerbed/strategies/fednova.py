@@ -56,8 +56,5 @@ class FedNovaStrategy(FlowerbedFedAvg):
             for pi, a, r in zip(p, norms, valid, strict=True):
                 step += pi / a * (x - r.content["arrays"][k].numpy())
             new[k] = Array(np.asarray(x - tau_eff * step))
-        metrics = self.client_metrics(valid)
-        metrics = MetricRecord({**{k: v for k, v in metrics.items() if k != NORM},  # its mean: τ_eff
-                                "tau-eff": tau_eff})
-        self.round.train_metrics = dict(metrics)
+        metrics = self.client_metrics(valid, {"tau-eff": tau_eff}, drop=(NORM,))  # NORM's mean: τ_eff
         return cast_like(ArrayRecord(new), self._reference), metrics

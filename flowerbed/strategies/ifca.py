@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from flowerbed.strategies.base import cast_like, metric_record
@@ -39,8 +39,6 @@ class IFCAStrategy(KModelStrategy):
             sizes.append(len(members))
             new.append(cast_like(aggregate_arrayrecords(members, self.weighted_by_key), old)
                        if members else old)
-        metrics = self.client_metrics(valid)
-        metrics = MetricRecord({**{k: v for k, v in metrics.items() if k != "cluster"},
-                                **{f"cluster-{k}-clients": n for k, n in enumerate(sizes)}})
-        self.round.train_metrics = dict(metrics)
+        metrics = self.client_metrics(valid, {f"cluster-{k}-clients": n for k, n in enumerate(sizes)},
+                                      drop=("cluster",))
         return pack(new), metrics

@@ -24,6 +24,4 @@ class LocalStrategy(PersonalStrategy):
         valid, _ = self._check_and_log_replies(replies, is_train=True)
         if not valid:
             return None, None
-        metrics = self.train_metrics_aggr_fn([r.content for r in valid], self.weighted_by_key)
-        self.round.train_metrics = dict(metrics)
-        return None, metrics
+        return None, self.client_metrics(valid)

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from flowerbed.strategies.base import cast_like, metric_record
+from flowerbed.strategies.base import cast_like
 from flowerbed.strategies.synced import ACCEPTED, SyncedStateStrategy
 
 SERVER_CV = "server_cv"
@@ -48,25 +47,17 @@ class ScaffoldStrategy(SyncedStateStrategy):
         return content
 
     def aggregate_train(self, server_round: int, replies):
-        valid, _ = self._check_and_log_replies(replies, is_train=True)
-        if not valid:
+        if (taken := self.valid_mean(replies)) is None:
             return None, None
-        models = [RecordDict({"arrays": r.content["arrays"], "m": metric_record(r.content)})
-                  for r in valid]
-        avg = aggregate_arrayrecords(models, self.weighted_by_key)
-        eta = self.cfg.scaffold_server_lr
-        if eta != 1.0 and self._reference is not None:
-            avg = ArrayRecord({k: Array(self._reference[k].numpy()
-                                        + eta * (avg[k].numpy() - self._reference[k].numpy()))
-                               for k in avg})
-        if self._reference is not None:
-            avg = cast_like(avg, self._reference)
-        n_total = max(self.num_partitions or len(valid), len(valid))
+        valid, mean, _ = taken
+        eta, ref = self.cfg.scaffold_server_lr, self._reference
+        if eta != 1.0:
+            mean = {k: Array(ref[k].numpy() + eta * (mean[k].numpy() - ref[k].numpy())) for k in mean}
+        avg = cast_like(ArrayRecord(mean), ref)
+        n_total = self.all_clients(len(valid))
         for r in valid:
             for k, arr in r.content[CV_DELTA].items():
                 d = arr.numpy().astype(np.float32) / n_total
                 self.c[k] = self.c[k] + d if k in self.c else d
         self.took(server_round, self.round.ok)
-        metrics = self.client_metrics(valid)
-        self.round.train_metrics = dict(metrics)
-        return avg, metrics
+        return avg, self.client_metrics(valid)

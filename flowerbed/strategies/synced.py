@@ -29,6 +29,11 @@ class SyncedStateStrategy(FlowerbedFedAvg):
         content[ACCEPTED] = ConfigRecord(dict(self.accepted))
         return content
 
+    def all_clients(self, taken: int) -> int:
+        """m, every client of the federation (at least the ``taken`` replies): the server's
+        state is a mean over all of them, not over this round's participants."""
+        return max(self.num_partitions or taken, taken)
+
     def took(self, server_round: int, partitions: list[int]) -> None:
         """The server's state now holds these partitions' replies of ``server_round``."""
         for pid in partitions:
