@@ -22,14 +22,15 @@ PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "svhn")
 MODELS = ("cnn", "resnet8", "resnet18")
 PARTITION_KINDS = ("iid", "dirichlet", "pathological", "shards")
-FEDX_BASES = ("simclr", "byol")
+FEDX_BASES = ("simclr", "byol", "moco")
 DISTILL_METHODS = ("fedcc", "feddf", "fedmd")
 #: methods scored by personalised accuracy on the clients' local test splits
 PERSONAL_METHODS = ("fedfew", "ifca", "fedrep", "ditto", "apfl", "fedamp", "local", "fedavg-ft")
 #: self-supervised methods: trained on pairs of views, scored by a linear probe
-SSL_METHODS = ("fedsimclr", "fedbyol", "fedu", "fedx")
+SSL_METHODS = ("fedsimclr", "fedbyol", "fedu", "fedmoco", "fedx")
 MAX_EPSILON = 1e5  # FedXDS: a larger budget is no privacy (give fedxds-sigma for weak noise)
 MAX_TIMEOUT = 7 * 24 * 3600
+MAX_QUEUE = 65536  # FedMoCo: MoCo's own queue length; each client keeps its queue in memory
 MAX_SIGMA = 1e3  # FedXDS: shared samples travel as float16 (at most 65504); a clipped sample's norm is C
 
 
@@ -118,8 +119,9 @@ class Partition:
 KEY_READERS: dict[str, tuple[str, ...]] = {
     **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedade", "fedfew", "fedu", "fedrep", "ditto",
                           "apfl", "fedamp", "feddyn", "scaffold")},
-    "probe": SSL_METHODS, "ssl": SSL_METHODS, "ssl-tau": ("fedsimclr", "fedx"),  # NT-Xent's
-    "byol": ("fedbyol", "fedu", "fedx"),
+    "probe": SSL_METHODS, "ssl": SSL_METHODS,
+    "ssl-tau": ("fedsimclr", "fedmoco", "fedx"),  # NT-Xent's and InfoNCE's temperature
+    "byol": ("fedbyol", "fedu", "fedx"), "moco": ("fedmoco", "fedx"),
     "distill": DISTILL_METHODS, "hetero": DISTILL_METHODS,
     "proximal-mu": ("fedprox",), "finetune": ("fedavg-ft",), "num-models": ("fedfew", "ifca"),
 }
@@ -201,6 +203,8 @@ class Config:
     ssl_dim: int
     ssl_head_bn: bool
     byol_ema: float
+    moco_momentum: float
+    moco_queue: int
     fedu_mu: float
     fedx_base: str
     fedx_local_kd: bool
@@ -327,6 +331,7 @@ class Config:
                               "evaluation: set it > 0")
         positive_ints = ("num-server-rounds", "local-epochs", "batch-size", "eval-every", "min-clients",
                          "probe-every", "probe-epochs", "probe-batch-size", "ssl-dim", "num-models",
+                         "moco-queue",
                          "fedade-rounds-per-step", "fedade-batch", "fedade-steps", "fedade-pretrain-epochs",
                          "fedxds-warmup-rounds",  # FedXDS shares in its last warm-up round
                          "ditto-personal-epochs")
@@ -432,8 +437,8 @@ class Config:
             raise ConfigError("fedx-head", self.fedx_head, "use shared or separate")
         if self.fedx_head == "separate" and (self.method, self.fedx_base) != ("fedx", "byol"):
             raise ConfigError("fedx-head", self.fedx_head, "'separate' needs method='fedx' with "
-                              "fedx-base='byol' (over SimCLR the prediction head serves only "
-                              "FedX's global terms already)")
+                              "fedx-base='byol' (over SimCLR and MoCo the prediction head "
+                              "serves only FedX's global terms already)")
         for key in ("lr", "scaffold-server-lr", "round-timeout", "probe-lr", "ssl-tau",
                     "fedx-tau-target", "fedx-tau-local", "fedu-mu", "distill-lr", "fedfew-mu",
                     "fedfew-server-lr", "fedxds-clip", "fedamp-alpha", "fedamp-sigma", "fedamp-lambda",
@@ -451,7 +456,9 @@ class Config:
         if not 0 <= self.apfl_alpha <= 1:
             raise ConfigError("apfl-alpha", self.apfl_alpha,
                               "must be in [0, 1] (the weight of the personal model)")
-        for key in ("momentum", "byol-ema"):
+        if self.moco_queue > MAX_QUEUE:
+            raise ConfigError("moco-queue", self.moco_queue, f"must be <= {MAX_QUEUE} (MoCo's own queue)")
+        for key in ("momentum", "byol-ema", "moco-momentum"):
             v = getattr(self, key.replace("-", "_"))
             if not 0 <= v < 1:
                 raise ConfigError(key, v, "must be in [0, 1)")

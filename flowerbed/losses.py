@@ -1,4 +1,4 @@
-"""Self-supervised and distillation losses (NT-Xent, FedX's relational loss, BYOL)."""
+"""Self-supervised and distillation losses (NT-Xent, MoCo's InfoNCE, FedX's relational loss, BYOL)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,18 @@ def nt_xent(u: torch.Tensor, v: torch.Tensor, tau: float) -> torch.Tensor:
     sim = sim.masked_fill(torch.eye(2 * n, dtype=torch.bool, device=z.device), float("-inf"))
     target = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)]).to(z.device)
     return F.cross_entropy(sim, target)
+
+
+def moco_loss(q: torch.Tensor, k: torch.Tensor, queue: torch.Tensor, tau: float) -> torch.Tensor:
+    """MoCo's InfoNCE: query i's positive is key i, its negatives the queue's rows (not the batch).
+
+    loss = −mean_i log( exp(q_i·k_i/τ) / (exp(q_i·k_i/τ) + Σ_j exp(q_i·n_j/τ)) ), on L2-normalised
+    q, k and queue rows; ``k`` and ``queue`` (the momentum encoder's keys) get no gradient.
+    """
+    q = F.normalize(q, dim=1)
+    k = F.normalize(k.detach(), dim=1)
+    logits = torch.cat([(q * k).sum(1, keepdim=True), q @ F.normalize(queue.detach(), dim=1).T], 1)
+    return F.cross_entropy(logits / tau, torch.zeros(len(q), dtype=torch.long, device=q.device))
 
 
 def relational_loss(u1: torch.Tensor, u2: torch.Tensor, anchors: torch.Tensor, tau: float,

@@ -20,6 +20,7 @@ from flowerbed.clients.feddf import FedDFClient
 from flowerbed.clients.feddyn import FedDynClient
 from flowerbed.clients.fedfew import FedFewClient
 from flowerbed.clients.fedmd import FedMDClient
+from flowerbed.clients.fedmoco import MoCoClient
 from flowerbed.clients.fednova import FedNovaClient
 from flowerbed.clients.fedrep import FedRepClient
 from flowerbed.clients.fedsimclr import SimCLRClient, make_ssl_model
@@ -81,6 +82,8 @@ METHODS: dict[str, Method] = {
                "FedSimCLR: SimCLR (NT-Xent) locally, FedAvg; linear probe"),
         Method("fedbyol", SSLStrategy, BYOLClient, make_ssl_model,
                "FedBYOL: BYOL locally (EMA target kept on the client), FedAvg; linear probe"),
+        Method("fedmoco", SSLStrategy, MoCoClient, make_ssl_model,
+               "FedMoCo: MoCo v2 locally (key encoder and queue kept on the client), FedAvg; linear probe"),
         Method("fedu", SSLStrategy, FedUClient, make_ssl_model,
                "FedU (Zhuang et al., 2021): FedBYOL + divergence-aware predictor update"),
         Method("fedx", FedXStrategy, fedx_client, make_ssl_model,

@@ -369,12 +369,14 @@ TWO_ROUNDS = {"scaffold", "fedcc", "fedxds", "fedade", "fedrep"}
 # the same messages, record names and client state (they run through the simulation engine and
 # in-process in every resume and fault test): a deployed run costs CI 40-70 CPU-seconds
 COVERED_BY = {"fedprox": "fedavg", "fedavg-ft": "fedavg", "fedsimclr": "fedx", "fedu": "fedbyol",
+              "fedmoco": "fedbyol",
               "feddf": "fedmd", "ditto": "fedavg", "apfl": "fedavg", "feddyn": "scaffold",
               "fedamp": "fedrep", "fednova": "fedavg"}  # Ditto, APFL: FedAvg's
 # messages; their personal model is an ArrayRecord in context.state (APFL's alpha a MetricRecord),
 # filed and read back as Local's and FedMD's are. FedDyn: SCAFFOLD's (a state adopted once the
 # server names the round it took). FedAMP: a model of its own for each node, as FedRep's.
-# FedNova: FedAvg's, with one more metric
+# FedNova: FedAvg's, with one more metric. FedMoCo: FedBYOL's, its key encoder filed as BYOL's
+# target is, beside one more record (the queue)
 DEPLOYED = [m for m in METHODS if m not in COVERED_BY]
 
 

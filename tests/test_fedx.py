@@ -8,10 +8,11 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
 from flowerbed.clients.fedbyol import TARGET, ema_update
+from flowerbed.clients.fedmoco import KEY_ENCODER, QUEUE
 from flowerbed.clients.fedsimclr import make_ssl_model
 from flowerbed.config import Config, ConfigError
 from flowerbed.datasets.federated import train_set
-from flowerbed.losses import byol_loss, nt_xent, relational_loss
+from flowerbed.losses import byol_loss, moco_loss, nt_xent, relational_loss
 from flowerbed.registry import METHODS
 from flowerbed.training import to_record
 from tests.conftest import sent
@@ -81,6 +82,7 @@ def make_client(method, **extra):
 
 
 @pytest.mark.parametrize("method,extra", [("fedsimclr", {}), ("fedbyol", {}), ("fedu", {}),
+                                          ("fedmoco", {}), ("fedx", {"fedx-base": "moco"}),
                                           ("fedx", {"fedx-base": "simclr"}),
                                           ("fedx", {"fedx-base": "byol"}),
                                           ("fedx", {"fedx-base": "byol", "ssl-head-bn": True,
@@ -93,6 +95,66 @@ def test_ssl_clients_never_see_labels(method, extra):
     assert np.isfinite(out.content["metrics"]["train-loss"])
     if method in ("fedbyol", "fedu") or extra.get("fedx-base") == "byol":
         assert TARGET in ctx.state.array_records  # the EMA target stays on the client
+    if method == "fedmoco" or extra.get("fedx-base") == "moco":
+        assert {KEY_ENCODER, QUEUE} <= set(ctx.state.array_records)  # key encoder and queue too
+
+
+def test_moco_loss_by_hand():
+    q, k = torch.tensor([[2.0, 0.0]]), torch.tensor([[1.0, 0.0]])
+    queue = torch.tensor([[0.0, 3.0], [-1.0, 0.0]])  # cosines 0 and -1 with q
+    want = -math.log(math.e / (math.e + 1 + math.exp(-1)))  # tau = 1
+    assert moco_loss(q, k, queue, 1.0).item() == pytest.approx(want, rel=1e-6)
+    want = -math.log(math.e ** 2 / (math.e ** 2 + 1 + math.exp(-2)))  # tau = 0.5 doubles every logit
+    assert moco_loss(q, k, queue, 0.5).item() == pytest.approx(want, rel=1e-6)
+    # the keys and the queue are the momentum encoder's: no gradient reaches them
+    q.requires_grad_(True), k.requires_grad_(True), queue.requires_grad_(True)
+    moco_loss(q, k, queue, 0.5).backward()
+    assert q.grad is not None and k.grad is None and queue.grad is None
+
+
+def test_moco_queue_is_fifo_and_kept_between_rounds():
+    client, model, msg, ctx = make_client("fedmoco", **{"moco-queue": 5, "ssl-dim": 4})
+    client.prepare(model, msg)
+    start = client.queue.clone()
+    assert client.queue.shape == (5, 4) and torch.allclose(client.queue.norm(dim=1), torch.ones(5))
+    keys = torch.arange(1.0, 13.0).reshape(3, 4)
+    client.enqueue(keys)
+    assert client.ptr == 3 and torch.allclose(client.queue[3:], start[3:])
+    assert torch.allclose(client.queue[:3], torch.nn.functional.normalize(keys, dim=1))
+    client.enqueue(keys[:1] * -1)
+    client.enqueue(keys)  # wraps round: rows 4, 0, 1
+    assert client.ptr == 2
+    assert torch.allclose(client.queue[[4, 0, 1]], torch.nn.functional.normalize(keys, dim=1))
+    client.finish(model)
+    kept = client.queue.clone()
+    again = METHODS["fedmoco"].client(client.cfg, ctx)  # a new round's client reads the state
+    again.prepare(model, msg)
+    assert again.ptr == 2 and torch.equal(again.queue, kept)
+    # the same seed and partition start from the same queue
+    other, model2, msg2, _ = make_client("fedmoco", **{"moco-queue": 5, "ssl-dim": 4})
+    other.prepare(model2, msg2)
+    assert torch.equal(other.queue, start)
+    with pytest.raises(ValueError, match=r"kept MoCo queue has shape \(5, 4\)"):
+        METHODS["fedmoco"].client(Config.from_run_config(
+            {**SMALL, "method": "fedmoco", "moco-queue": 6, "ssl-dim": 4}), ctx).prepare(model, msg)
+
+
+def test_moco_keys_come_from_the_ema_key_encoder():
+    client, model, msg, ctx = make_client("fedmoco", **{"moco-momentum": 0.5})
+    client.prepare(model, msg)
+    x = client.train_data.normalise(client.train_data.x[:8])
+    loss = client.loss(model, client.views(model, x, x.flip(3), None), x, x.flip(3), None)
+    loss.backward()
+    assert all(p.grad is None for p in client.target.parameters())
+    assert client.keys.shape == (16, client.cfg.ssl_dim)
+    before = [p.clone() for p in client.target.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    client.after_step(model)
+    for b, t, o in zip(before, client.target.parameters(), model.parameters(), strict=True):
+        assert torch.allclose(t, 0.5 * b + 0.5 * o)
+    assert client.ptr == 16
 
 
 def test_fedu_divergence_counts_encoder_weights_only():

@@ -1,7 +1,9 @@
 """FedBYOL: BYOL locally (online network + predictor vs an EMA target), online network averaged.
 
 The target network never leaves the client: it lives in ``context.state["byol.target"]`` and
-is initialised from the first global model the client receives.
+is initialised from the first global model the client receives. :class:`MomentumClient` is that
+machinery (a per-step EMA copy of the online network kept on the client), which FedMoCo's key
+encoder shares.
 """
 
 from __future__ import annotations
@@ -24,20 +26,27 @@ def ema_update(target: torch.nn.Module, online: torch.nn.Module, rate: float) ->
         t.mul_(rate).add_(o.detach(), alpha=1 - rate)
 
 
-class BYOLClient(SSLClient):
+class MomentumClient(SSLClient):
+    """An EMA copy of the online network (``self.target``), kept in ``context.state[target_key]``,
+    started from the first global model the client receives and moved after every step."""
+
     keeps_state = True
+    target_key = TARGET
+
+    def ema_rate(self) -> float:
+        return self.cfg.byol_ema
 
     def prepare(self, model: SSLNet, msg: Message) -> None:
         super().prepare(model, msg)
-        record = self.context.state.array_records.get(TARGET) or msg.content["arrays"]
+        record = self.context.state.array_records.get(self.target_key) or msg.content["arrays"]
         self.target = load_record(self.new_model(), record).to(self.device)
         self.target.requires_grad_(False)
 
     def after_step(self, model: SSLNet) -> None:
-        ema_update(self.target, model, self.cfg.byol_ema)
+        ema_update(self.target, model, self.ema_rate())
 
     def finish(self, model: SSLNet) -> dict[str, float]:
-        self.context.state[TARGET] = to_record(self.target)
+        self.context.state[self.target_key] = to_record(self.target)
         return super().finish(model)
 
     def target_projections(self, x1: torch.Tensor, x2: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -45,6 +54,8 @@ class BYOLClient(SSLClient):
             _, z, _ = self.target(torch.cat([x1, x2]))
         return z.split([len(x1), len(x2)])
 
+
+class BYOLClient(MomentumClient):
     def loss(self, model, v, x1, x2, xr):
         t1, t2 = self.target_projections(x1, x2)
         return byol_loss(v["p1"], t2) + byol_loss(v["p2"], t1)

@@ -1,6 +1,7 @@
 """FedX (Han et al., ECCV 2022): local and global cross knowledge distillation, as an add-on.
 
-On top of the base method's loss (``fedx-base``: SimCLR's NT-Xent or BYOL's regression):
+On top of the base method's loss (``fedx-base``: SimCLR's NT-Xent, BYOL's regression or MoCo's
+InfoNCE against its queue):
 
     L_local  = base + JS(z1, z2; A = zr; τ, τ_s)                     (``fedx-local-kd``)
     L_global = NTXent(p1, z2ᵍ; τ) + JS(p1, p2; A = zrᵍ; τ, τ_t)      (``fedx-global-kd``)
@@ -21,6 +22,7 @@ import torch
 from flwr.app import Context, Message
 
 from flowerbed.clients.fedbyol import BYOLClient
+from flowerbed.clients.fedmoco import MoCoClient
 from flowerbed.clients.fedsimclr import SimCLRClient, SSLClient
 from flowerbed.config import Config
 from flowerbed.losses import nt_xent, relational_loss
@@ -61,7 +63,12 @@ class FedXBYOLClient(FedXMixin, BYOLClient):
     """FedX on FedBYOL."""
 
 
-BASES: dict[str, type[SSLClient]] = {"simclr": FedXSimCLRClient, "byol": FedXBYOLClient}
+class FedXMoCoClient(FedXMixin, MoCoClient):
+    """FedX on FedMoCo (the predictor, which MoCo does not use, is FedX's prediction head)."""
+
+
+BASES: dict[str, type[SSLClient]] = {"simclr": FedXSimCLRClient, "byol": FedXBYOLClient,
+                                     "moco": FedXMoCoClient}
 
 
 def fedx_client(cfg: Config, context: Context) -> SSLClient:
