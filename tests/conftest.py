@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
-from flwr.app import Error, Message, RecordDict
+from flwr.app import Array, ArrayRecord, Error, Message, RecordDict
 
 from flowerbed.config import Config
 
@@ -55,6 +56,16 @@ class FakeGrid:
 
     def get_node_ids(self) -> list[int]:
         return self.nodes
+
+
+def bn_record(v: float, var: float = 1.0, n: int | None = None) -> ArrayRecord:
+    """A BatchNorm1d(2)'s arrays: weight, bias and running mean v, running variance var, and
+    num_batches_tracked n (int64) unless None."""
+    arrays = {k: Array(np.full(2, val, np.float32)) for k, val in
+              (("weight", v), ("bias", v), ("running_mean", v), ("running_var", var))}
+    if n is not None:
+        arrays["num_batches_tracked"] = Array(np.array(n, np.int64))
+    return ArrayRecord(arrays)
 
 
 def reply(to: Message, content: RecordDict) -> Message:

@@ -11,7 +11,7 @@ from flowerbed.config import Config, ConfigError
 from flowerbed.strategies.base import cast_like
 from flowerbed.strategies.fedavg import FedAvgStrategy, FedProxStrategy
 from flowerbed.strategies.scaffold import ACCEPTED, CV_DELTA, ScaffoldStrategy
-from tests.conftest import FakeGrid, error_reply, reply, sent
+from tests.conftest import FakeGrid, bn_record, error_reply, reply, sent
 from tests.conftest import prepared as sent_to
 
 SHAPES = {"w": (3, 2), "b": (2,)}
@@ -128,6 +128,26 @@ def test_scaffold_server_update(cfg):
     content_next = s.train_content(2, out, ConfigRecord())
     assert np.allclose(content_next["server_cv"]["w"].numpy(), 1.0)
     assert dict(content_next[ACCEPTED]) == {"0": 1, "1": 1}  # whose Δc_i c now holds
+
+
+def test_scaffold_server_lr_steps_parameters_not_buffers(cfg):
+    """eta_g extrapolates the parameters only: at eta_g = 3 a buffer stepped as well took a
+    running variance from 1 and 0.1 to -1.7; buffers take FedAvg's weighted mean."""
+    s = ScaffoldStrategy(cfg.replace(scaffold_server_lr=3.0))
+    s.model = nn.BatchNorm1d(2)
+    msgs = prepared(s, [101, 102])
+    bn = bn_record
+    s._reference = bn(0.0, 1.0, 0)
+    delta = ArrayRecord({"weight": Array(np.zeros(2, np.float32)), "bias": Array(np.zeros(2, np.float32))})
+    reps = [reply(msgs[0], RecordDict({"arrays": bn(1.0, 0.1, 4), CV_DELTA: delta,
+                                       "metrics": MetricRecord({"num-examples": 10})})),
+            reply(msgs[1], RecordDict({"arrays": bn(1.0, 0.1, 8), CV_DELTA: delta,
+                                       "metrics": MetricRecord({"num-examples": 30})}))]
+    s._sent = msgs
+    out, _ = s.aggregate_train(1, reps)
+    assert np.allclose(out["weight"].numpy(), 3.0) and np.allclose(out["bias"].numpy(), 3.0)
+    assert np.allclose(out["running_mean"].numpy(), 1.0) and np.allclose(out["running_var"].numpy(), 0.1)
+    assert out["num_batches_tracked"].numpy().dtype == np.int64 and out["num_batches_tracked"].numpy() == 7
 
 
 def test_scaffold_rejects_reply_without_delta(cfg):

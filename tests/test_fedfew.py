@@ -14,7 +14,7 @@ from flowerbed.strategies.fedavg import FedAvgStrategy
 from flowerbed.strategies.fedfew import FedFewStrategy, fedfew_weights
 from flowerbed.strategies.ifca import IFCAStrategy
 from flowerbed.strategies.personal import pack, unpack
-from tests.conftest import prepared, reply, sent
+from tests.conftest import bn_record, prepared, reply, sent
 
 
 def direct(losses, n, mu):
@@ -96,6 +96,25 @@ def test_fedfew_update_by_hand(server_lr, step):
     assert got[0]["w"].numpy() == pytest.approx(np.full((2, 2), m0), rel=1e-5)
     assert got[1]["w"].numpy() == pytest.approx(np.full((2, 2), m1), rel=1e-5)
     assert metrics["model-0-weight"] + metrics["model-1-weight"] == pytest.approx(1.0)
+
+
+def test_fedfew_server_lr_steps_parameters_not_buffers():
+    """A buffer (BatchNorm's running variance) moves by eta_s = 1, a convex combination: at
+    eta_s = 3 with one model taking the weight, 1 and 0.1 extrapolated to -1.7."""
+    from torch import nn
+
+    cfg = Config.from_run_config({"method": "fedfew", "num-models": 1, "min-clients": 1,
+                                  "fedfew-server-lr": 3.0})
+    s = FedFewStrategy(cfg)
+    s.model = nn.BatchNorm1d(2)
+    msgs = prepared(s, [100])
+    bn = bn_record
+    s._models, s._reference = [bn(0.0, 1.0)], bn(0.0, 1.0)
+    out, _ = s.aggregate_train(1, [reply(msgs[0], RecordDict({"model.0": bn(1.0, 0.1), "m": MetricRecord(
+        {"num-examples": 10, "losses": [0.5]})}))])
+    got = unpack(out, 1)[0]
+    assert np.allclose(got["weight"].numpy(), 3.0) and np.allclose(got["running_mean"].numpy(), 1.0)
+    assert np.allclose(got["running_var"].numpy(), 0.1)
 
 
 def test_ifca_averages_within_clusters():

@@ -14,7 +14,9 @@ extrapolates when one model takes most of the weight. ``fedfew-step='normalised'
 the paper's) divides model k's weights by m_k = Σ_i α_i w_ik instead, so that with η_s = 1 each
 model becomes the α_i w_ik-weighted average of its clients' models (a convex combination).
 With K = 1 and η_s = 1 this is FedAvg's update up to the α weights (α_i ∝ exp(L̃_i / μ)); see
-the tests. Between rounds the K models are carried packed in one ArrayRecord (keys
+the tests. η_s steps the parameters only: buffers (BatchNorm's running statistics) move by
+η_s = 1, a convex combination, where a larger step could turn a running variance negative.
+Between rounds the K models are carried packed in one ArrayRecord (keys
 ``<k>.<param>``), which is what Flower's Strategy.start carries.
 """
 
@@ -73,6 +75,8 @@ class FedFewStrategy(KModelStrategy):
         mass = coef.sum(0)                                  # [K]: Σ_i α_i w_ik, sums to 1
         if self.cfg.fedfew_step == "normalised":
             coef = coef / np.maximum(mass, np.finfo(float).tiny)
+        params = ({k for k, _ in self.model.named_parameters()} if self.model is not None
+                  else set(self._models[0]))
         new = []
         for k, ref in enumerate(self._models):
             upd = {}
@@ -80,8 +84,8 @@ class FedFewStrategy(KModelStrategy):
                 base = ref[name].numpy()
                 delta = sum(coef[i, k] * (r.content[f"model.{k}"][name].numpy() - base)
                             for i, r in enumerate(valid))
-                upd[name] = Array(np.asarray(base + self.cfg.fedfew_server_lr * delta)
-                                  .astype(base.dtype))
+                eta = self.cfg.fedfew_server_lr if name in params else 1.0
+                upd[name] = Array(np.asarray(base + eta * delta).astype(base.dtype))
             new.append(ArrayRecord(upd))
         metrics = MetricRecord({
             "train-loss": float((n * losses.min(1)).sum() / n.sum()),

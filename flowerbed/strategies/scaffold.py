@@ -6,6 +6,9 @@ Each client keeps its control variate c_i in ``context.state`` and returns its m
     x ← x + η_g · Σ_i w_i (y_i − x)      (w_i ∝ n_i, as FedAvg; η_g = ``scaffold-server-lr``)
     c ← c + (1/N) Σ_{i∈S} Δc_i           (N = all clients, S = this round's participants)
 
+η_g steps the parameters only: buffers (BatchNorm's running statistics and step counter) take
+the weighted mean, as in FedAvg (an extrapolated running variance can turn negative).
+
 c starts empty, meaning zero for every parameter; it gains a key the first time a client
 reports one (control variates cover trainable parameters, not buffers).
 
@@ -49,10 +52,10 @@ class ScaffoldStrategy(SyncedStateStrategy):
     def aggregate_train(self, server_round: int, replies):
         if (taken := self.valid_mean(replies)) is None:
             return None, None
-        valid, mean, _ = taken
+        valid, mean, params = taken
         eta, ref = self.cfg.scaffold_server_lr, self._reference
         if eta != 1.0:
-            mean = {k: Array(ref[k].numpy() + eta * (mean[k].numpy() - ref[k].numpy())) for k in mean}
+            mean |= {k: Array(ref[k].numpy() + eta * (mean[k].numpy() - ref[k].numpy())) for k in params}
         avg = cast_like(ArrayRecord(mean), ref)
         n_total = self.all_clients(len(valid))
         for r in valid:
