@@ -150,6 +150,13 @@ def test_scaffold_server_lr_steps_parameters_not_buffers(cfg):
     assert out["num_batches_tracked"].numpy().dtype == np.int64 and out["num_batches_tracked"].numpy() == 7
 
 
+def test_parameter_names_leave_out_buffers_with_or_without_a_network(cfg):
+    s = ScaffoldStrategy(cfg)
+    assert s.model is None and s.parameter_names(bn_record(0.0, 1.0, 0)) == ["weight", "bias"]
+    s.model = nn.BatchNorm1d(2)
+    assert s.parameter_names(bn_record(0.0, 1.0, 0)) == ["weight", "bias"]
+
+
 def test_scaffold_rejects_reply_without_delta(cfg):
     s = ScaffoldStrategy(cfg)
     msgs = prepared(s, [101, 102])

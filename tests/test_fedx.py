@@ -139,6 +139,26 @@ def test_moco_queue_is_fifo_and_kept_between_rounds():
             {**SMALL, "method": "fedmoco", "moco-queue": 6, "ssl-dim": 4}), ctx).prepare(model, msg)
 
 
+def test_moco_keys_of_a_batchnorm_network_come_from_shuffled_groups():
+    """Shuffle BN: each key is normalised by its group's statistics (not the query's batch's),
+    and comes back in its sample's place."""
+    client, model, msg, _ = make_client("fedmoco", **{"ssl-head-bn": True})
+    client.prepare(model, msg)
+    x = client.train_data.normalise(client.train_data.x[:16])
+    x1, x2 = x[:8], x[8:].flip(3)
+    with torch.no_grad():
+        _, whole, _ = client.target(torch.cat([x1, x2]))
+    grouped = torch.cat(client.target_projections(x1, x2))
+    assert not torch.allclose(grouped, whole, atol=1e-4)  # train mode: the groups' own statistics
+    client.target.eval()  # running statistics: a key no longer depends on its group
+    with torch.no_grad():
+        _, whole, _ = client.target(torch.cat([x1, x2]))
+    assert torch.allclose(torch.cat(client.target_projections(x1, x2)), whole, atol=1e-5)  # in order
+    client.target.train()
+    k1, k2 = client.target_projections(x[:3], x[3:5])  # 5 samples: groups of 3 and 2, never of 1
+    assert k1.shape == (3, client.cfg.ssl_dim) and k2.shape == (2, client.cfg.ssl_dim)
+
+
 def test_moco_keys_come_from_the_ema_key_encoder():
     client, model, msg, ctx = make_client("fedmoco", **{"moco-momentum": 0.5})
     client.prepare(model, msg)

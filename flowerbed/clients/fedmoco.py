@@ -9,6 +9,18 @@ demo, q1 against k2 and q2 against k1 with the queue as negatives, at NT-Xent's 
 ``ssl-tau``; both views' keys are then enqueued. The queue starts as random unit vectors, seeded
 per (seed, partition). With fewer local samples than queue rows, older keys of an image serve
 as its negatives, as in MoCo on a small data set.
+
+Shuffle BN: in a network with BatchNorm (the ResNets, ``ssl-head-bn=true``), a positive key
+computed in the same batch as its query shares that batch's statistics, which the queue's keys
+(from earlier batches) lack, and the network can find its positive by them. As MoCo's CIFAR demo
+does on one GPU (SplitBatchNorm), keys are computed on a shuffled batch in ``BN_SPLITS`` groups,
+each normalised by its own statistics, and put back in order. The CNN has no BatchNorm and
+takes one pass.
+
+Other differences from MoCo v2: the loss is symmetrised (the demo's), τ is ``ssl-tau`` (0.1, the
+demo's; MoCo v2's 0.2), the heads are flowerbed's SSL heads (``ssl-dim`` 256; MoCo v2's 128) and
+the views are flowerbed's SimCLR-style ones (no blur); the key encoder moves after each step (as
+FedBYOL's target), where MoCo moves it before computing the step's keys.
 """
 
 from __future__ import annotations
@@ -16,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message
+from torch import nn
 from torch.nn import functional as F
 
 from flowerbed.clients.fedbyol import MomentumClient
@@ -24,6 +37,7 @@ from flowerbed.models.ssl import SSLNet
 
 KEY_ENCODER = "moco.key"
 QUEUE = "moco.queue"
+BN_SPLITS = 8  # MoCo's CIFAR demo: SplitBatchNorm over 8 groups on one GPU
 
 
 class MoCoClient(MomentumClient):
@@ -50,6 +64,17 @@ class MoCoClient(MomentumClient):
                                  f"{(size, dim)}")
         self.queue = self.queue.to(self.device)
         self.keys: torch.Tensor | None = None
+
+    def target_projections(self, x1: torch.Tensor, x2: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.target.modules()):
+            return super().target_projections(x1, x2)
+        x = torch.cat([x1, x2])
+        perm = torch.randperm(len(x), device=x.device)  # torch's RNG: seeded per client and round
+        # near-equal groups of at least 2 (train-mode BatchNorm needs two values per channel)
+        groups = x[perm].tensor_split(max(1, min(BN_SPLITS, len(x) // 2)))
+        with torch.no_grad():
+            z = torch.cat([self.target(g)[1] for g in groups])[torch.argsort(perm)]
+        return z.split([len(x1), len(x2)])
 
     def loss(self, model, v, x1, x2, xr):
         k1, k2 = self.target_projections(x1, x2)

@@ -349,9 +349,15 @@ class FlowerbedFedAvg(FedAvg):
         mean = aggregate_arrayrecords([RecordDict({"arrays": r.content["arrays"],
                                                    "m": metric_record(r.content)}) for r in valid],
                                       self.weighted_by_key)
-        params = ([k for k, _ in self.model.named_parameters()] if self.model is not None
-                  else list(self._reference))
-        return valid, dict(mean.items()), params
+        return valid, dict(mean.items()), self.parameter_names(self._reference)
+
+    def parameter_names(self, arrays: ArrayRecord) -> list[str]:
+        """The model's trainable parameters' names: a server step moves them, while buffers
+        (BatchNorm's running statistics and step counter) are averaged. Without a network (a
+        unit test's bare records) every key of ``arrays`` but BatchNorm's buffers."""
+        if self.model is not None:
+            return [k for k, _ in self.model.named_parameters()]
+        return [k for k in arrays if not k.endswith(("running_mean", "running_var", "num_batches_tracked"))]
 
     # ------------------------------------------------------------------ the round loop
     def checkpoint_state(self) -> dict[str, Any]:

@@ -93,7 +93,7 @@ class FedAMPStrategy(PersonalStrategy):
         self._rows = {pid: row for row, pid in enumerate(held)}
         self._stats = {}
         if held:
-            params = {k for k, _ in self.model.named_parameters()} if self.model is not None else set(arrays)
+            params = set(self.parameter_names(arrays))
             self._keys = sorted(arrays, key=lambda k: (k not in params, k))  # parameters first
             sizes = [int(np.prod(arrays[k].shape)) for k in self._keys]
             n_params = sum(n for k, n in zip(self._keys, sizes, strict=True) if k in params)

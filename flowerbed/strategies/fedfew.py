@@ -75,8 +75,7 @@ class FedFewStrategy(KModelStrategy):
         mass = coef.sum(0)                                  # [K]: Σ_i α_i w_ik, sums to 1
         if self.cfg.fedfew_step == "normalised":
             coef = coef / np.maximum(mass, np.finfo(float).tiny)
-        params = ({k for k, _ in self.model.named_parameters()} if self.model is not None
-                  else set(self._models[0]))
+        params = set(self.parameter_names(self._models[0]))
         new = []
         for k, ref in enumerate(self._models):
             upd = {}
