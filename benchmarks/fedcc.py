@@ -1,4 +1,4 @@
-"""FedCC vs FedDF, FedMD, FedAvg and FedNova under label skew on Fashion-MNIST (ensemble accuracy).
+"""FedCC vs FedDF, FedMD, FedAvg, FedNova, FedLC, FedRS under label skew, Fashion-MNIST (ensemble accuracy).
 
 Same public set (a seeded 10 % of the training set, unlabelled), partitions and seeds for every
 method; 10 clients; the distillation methods use two CNN widths (half the clients each), FedAvg
@@ -43,7 +43,8 @@ from flowerbed.compare import compare, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_FEDCC = "fedcc@fedcc-ssl-epochs=20@fedcc-probe-input='black'"
-METHODS = ["fedcc", PAPER_FEDCC, "feddf", "feddf@distill-epochs=5", "fedmd", "fedavg", "fednova"]
+METHODS = ["fedcc", PAPER_FEDCC, "feddf", "feddf@distill-epochs=5", "fedmd", "fedavg", "fednova", "fedlc",
+           "fedrs"]
 SPLITS = ["pathological:1", "dirichlet:0.05", "pathological:2"]
 
 

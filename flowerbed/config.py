@@ -118,7 +118,7 @@ class Partition:
 #: runs read no key outside this. The ServerApp warns of a key set for a method not reading it.
 KEY_READERS: dict[str, tuple[str, ...]] = {
     **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedade", "fedfew", "fedu", "fedrep", "ditto",
-                          "apfl", "fedamp", "feddyn", "scaffold")},
+                          "apfl", "fedamp", "feddyn", "scaffold", "fedlc", "fedrs")},
     "probe": SSL_METHODS, "ssl": SSL_METHODS,
     "ssl-tau": ("fedsimclr", "fedmoco", "fedx"),  # NT-Xent's and InfoNCE's temperature
     "byol": ("fedbyol", "fedu", "fedx"), "moco": ("fedmoco", "fedx"),
@@ -273,6 +273,8 @@ class Config:
     fedamp_sigma: float
     fedamp_lambda: float
     feddyn_alpha: float
+    fedlc_tau: float
+    fedrs_alpha: float
     finetune_epochs: int
     output_dir: str
     run_name: str
@@ -453,6 +455,9 @@ class Config:
             raise ConfigError("ssl-dim", self.ssl_dim, "must be <= 8192 (FedX uses 512)")
         if self.round_timeout > MAX_TIMEOUT:
             raise ConfigError("round-timeout", self.round_timeout, f"must be <= {MAX_TIMEOUT:g} s (a week)")
+        if not 0 <= self.fedrs_alpha <= 1:
+            raise ConfigError("fedrs-alpha", self.fedrs_alpha,
+                              "must be in [0, 1] (the scale of the absent classes' logits; 1 is FedAvg)")
         if not 0 <= self.apfl_alpha <= 1:
             raise ConfigError("apfl-alpha", self.apfl_alpha,
                               "must be in [0, 1] (the weight of the personal model)")
@@ -464,7 +469,7 @@ class Config:
                 raise ConfigError(key, v, "must be in [0, 1)")
         for key in ("weight-decay", "proximal-mu", "ditto-lambda", "apfl-alpha-lr", "fedcc-lambda",
                     "fedxds-lambda", "fedxds-sigma", "fedxds-epsilon", "fedade-fixed-lr", "fedade-lr-min",
-                    "fedade-lr-max"):
+                    "fedade-lr-max", "fedlc-tau"):
             v = getattr(self, key.replace("-", "_"))
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number >= 0")

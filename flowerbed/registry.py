@@ -19,10 +19,12 @@ from flowerbed.clients.fedcc import FedCCClient
 from flowerbed.clients.feddf import FedDFClient
 from flowerbed.clients.feddyn import FedDynClient
 from flowerbed.clients.fedfew import FedFewClient
+from flowerbed.clients.fedlc import FedLCClient
 from flowerbed.clients.fedmd import FedMDClient
 from flowerbed.clients.fedmoco import MoCoClient
 from flowerbed.clients.fednova import FedNovaClient
 from flowerbed.clients.fedrep import FedRepClient
+from flowerbed.clients.fedrs import FedRSClient
 from flowerbed.clients.fedsimclr import SimCLRClient, make_ssl_model
 from flowerbed.clients.fedu import FedUClient
 from flowerbed.clients.fedx import fedx_client
@@ -78,6 +80,10 @@ METHODS: dict[str, Method] = {
                "FedNova (Wang et al., 2020): updates normalised by each client's local steps"),
         Method("feddyn", FedDynStrategy, FedDynClient, make_model,
                "FedDyn (Acar et al., 2021): dynamic regularisation, a linear term kept per client"),
+        Method("fedlc", FedAvgStrategy, FedLCClient, make_model,
+               "FedLC (Zhang et al., 2022): FedAvg, local logits calibrated by the client's label counts"),
+        Method("fedrs", FedAvgStrategy, FedRSClient, make_model,
+               "FedRS (Li & Zhan, 2021): FedAvg, restricted softmax (absent classes' logits scaled)"),
         Method("fedsimclr", SSLStrategy, SimCLRClient, make_ssl_model,
                "FedSimCLR: SimCLR (NT-Xent) locally, FedAvg; linear probe"),
         Method("fedbyol", SSLStrategy, BYOLClient, make_ssl_model,

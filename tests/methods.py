@@ -1,6 +1,8 @@
 """Per-method run-config additions that let every method run on tiny data in tests."""
 
 EXTRA = {
+    "fedlc": {"partition": "pathological:2"},
+    "fedrs": {"partition": "pathological:2"},
     "fedcc": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},
     "feddf": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},
     "fedmd": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},

@@ -1,0 +1,27 @@
+"""FedLC (Zhang et al., ICML 2022): local cross-entropy on logits calibrated by the client's labels.
+
+Training uses z_c − τ·n_c^(−1/4) for class c (n_c: the client's training samples of class c;
+τ = ``fedlc-tau``), so classes the client holds many of are pushed less; a class it holds none
+of has n_c = 1e-8 (FL-bench's FedLC), a shift of 100τ that takes it out of the softmax. The
+server is FedAvg's, and evaluation uses the plain logits.
+"""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import Message
+from torch import nn
+
+from flowerbed.clients.base import Client
+
+
+def class_counts(client: Client) -> torch.Tensor:
+    """The client's training samples per class (float, on its device)."""
+    y = client.train_data.y
+    return torch.bincount(y, minlength=client.train_data.num_classes).float().to(client.device)
+
+
+class FedLCClient(Client):
+    def fit(self, model: nn.Module, msg: Message, rnd: int, **hooks):
+        shift = self.cfg.fedlc_tau * class_counts(self).clamp_min(1e-8).pow(-0.25)
+        return super().fit(model, msg, rnd, logit_hook=lambda z: z - shift, **hooks)

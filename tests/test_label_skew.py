@@ -1,0 +1,76 @@
+"""FedLC and FedRS, the FedCC paper's label-skew baselines: their local losses by hand."""
+
+import math
+
+import pytest
+import torch
+from flwr.app import ConfigRecord, Context, RecordDict
+
+import flowerbed.clients.base as base
+from flowerbed.config import Config, ConfigError
+from flowerbed.registry import METHODS
+from flowerbed.training import to_record
+from tests.conftest import sent
+
+SMALL = {"train-samples": 600, "test-samples": 100, "batch-size": 32, "partition": "pathological:2"}
+
+
+def client_and_hook(method, monkeypatch, **extra):
+    """The client of partition 0 (two classes) and the logit hook its fit hands to training."""
+    cfg = Config.from_run_config({**SMALL, "method": method, **extra})
+    ctx = Context(run_id=1, node_id=3, node_config={"partition-id": 0, "num-partitions": 5},
+                  state=RecordDict(), run_config=cfg.to_run_config())
+    client = METHODS[method].client(cfg, ctx)
+    seen = {}
+
+    def fake_train(model, data, **kw):  # only what fit passes on is under test here
+        seen.update(kw)
+        return 0.0, 1
+
+    monkeypatch.setattr(base, "train_epochs", fake_train)
+    model = client.new_model()
+    client.fit(model, sent(3, RecordDict({"config": ConfigRecord({"server-round": 1})})), 1)
+    return client, seen["logit_hook"]
+
+
+def test_fedlc_calibrates_logits_by_the_clients_class_counts(monkeypatch):
+    client, hook = client_and_hook("fedlc", monkeypatch, **{"fedlc-tau": 0.5})
+    counts = torch.bincount(client.train_data.y, minlength=10)
+    assert int((counts > 0).sum()) == 2  # pathological:2
+    z = torch.zeros(1, 10)
+    got = hook(z)[0]
+    for c in range(10):
+        want = -0.5 * (int(counts[c]) ** -0.25 if counts[c] else 1e-8 ** -0.25)  # absent: -50
+        assert float(got[c]) == pytest.approx(want, rel=1e-5)
+    # the loss of a sample of a present class is the cross-entropy over its two classes, about:
+    # the absent classes' logits lie 50 below and drop out of the softmax
+    a, b = [int(c) for c in torch.nonzero(counts).flatten()]
+    loss = torch.nn.functional.cross_entropy(hook(z), torch.tensor([a]))
+    want = -math.log(1 / (1 + math.exp(0.5 * (counts[a] ** -0.25 - counts[b] ** -0.25))))
+    assert float(loss) == pytest.approx(want, rel=1e-4)
+
+
+def test_fedrs_scales_the_absent_classes_logits(monkeypatch):
+    client, hook = client_and_hook("fedrs", monkeypatch, **{"fedrs-alpha": 0.25})
+    present = torch.bincount(client.train_data.y, minlength=10) > 0
+    z = torch.full((2, 10), 4.0)
+    got = hook(z)
+    assert torch.equal(got[:, present], z[:, present]) and torch.all(got[:, ~present] == 1.0)
+    _, hook = client_and_hook("fedrs", monkeypatch, **{"fedrs-alpha": 1.0})
+    assert torch.equal(hook(z), z)  # alpha = 1 is FedAvg
+
+
+def test_both_train_through_a_real_round_and_refuse_bad_settings():
+    for method in ("fedlc", "fedrs"):
+        cfg = Config.from_run_config({**SMALL, "method": method})
+        ctx = Context(run_id=1, node_id=3, node_config={"partition-id": 0, "num-partitions": 5},
+                      state=RecordDict(), run_config=cfg.to_run_config())
+        client = METHODS[method].client(cfg, ctx)
+        arrays = to_record(client.new_model())
+        msg = sent(3, RecordDict({"arrays": arrays, "config": ConfigRecord({"server-round": 1})}))
+        out = client.train(msg)
+        assert math.isfinite(out.content["metrics"]["train-loss"])
+    with pytest.raises(ConfigError, match="'fedrs-alpha' = 1.5"):
+        Config.from_run_config({"method": "fedrs", "fedrs-alpha": 1.5})
+    with pytest.raises(ConfigError, match="'fedlc-tau' = -1"):
+        Config.from_run_config({"method": "fedlc", "fedlc-tau": -1.0})
