@@ -1,4 +1,7 @@
-"""FedCC vs FedDF, FedMD, FedAvg, FedNova, FedLC, FedRS under label skew, Fashion-MNIST (ensemble accuracy).
+"""FedCC vs distillation and parameter-based baselines under label skew, Fashion-MNIST (ensemble accuracy).
+
+Baselines: FedDF, FedMD (distillation); FedAvg, FedNova, FedLC, FedRS, FedSAM (parameter-based).
+
 
 Same public set (a seeded 10 % of the training set, unlabelled), partitions and seeds for every
 method; 10 clients; the distillation methods use two CNN widths (half the clients each), FedAvg
@@ -44,7 +47,7 @@ from flowerbed.compare import compare, markdown_table
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_FEDCC = "fedcc@fedcc-ssl-epochs=20@fedcc-probe-input='black'"
 METHODS = ["fedcc", PAPER_FEDCC, "feddf", "feddf@distill-epochs=5", "fedmd", "fedavg", "fednova", "fedlc",
-           "fedrs"]
+           "fedrs", "fedsam"]
 SPLITS = ["pathological:1", "dirichlet:0.05", "pathological:2"]
 
 

@@ -118,7 +118,7 @@ class Partition:
 #: runs read no key outside this. The ServerApp warns of a key set for a method not reading it.
 KEY_READERS: dict[str, tuple[str, ...]] = {
     **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedade", "fedfew", "fedu", "fedrep", "ditto",
-                          "apfl", "fedamp", "feddyn", "scaffold", "fedlc", "fedrs")},
+                          "apfl", "fedamp", "feddyn", "scaffold", "fedlc", "fedrs", "fedsam")},
     "probe": SSL_METHODS, "ssl": SSL_METHODS,
     "ssl-tau": ("fedsimclr", "fedmoco", "fedx"),  # NT-Xent's and InfoNCE's temperature
     "byol": ("fedbyol", "fedu", "fedx"), "moco": ("fedmoco", "fedx"),
@@ -275,6 +275,7 @@ class Config:
     feddyn_alpha: float
     fedlc_tau: float
     fedrs_alpha: float
+    fedsam_rho: float
     finetune_epochs: int
     output_dir: str
     run_name: str
@@ -444,7 +445,7 @@ class Config:
         for key in ("lr", "scaffold-server-lr", "round-timeout", "probe-lr", "ssl-tau",
                     "fedx-tau-target", "fedx-tau-local", "fedu-mu", "distill-lr", "fedfew-mu",
                     "fedfew-server-lr", "fedxds-clip", "fedamp-alpha", "fedamp-sigma", "fedamp-lambda",
-                    "feddyn-alpha"):
+                    "feddyn-alpha", "fedsam-rho"):
             v = getattr(self, key.replace("-", "_"))
             if not (v > 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number > 0")

@@ -25,6 +25,7 @@ from flowerbed.clients.fedmoco import MoCoClient
 from flowerbed.clients.fednova import FedNovaClient
 from flowerbed.clients.fedrep import FedRepClient
 from flowerbed.clients.fedrs import FedRSClient
+from flowerbed.clients.fedsam import FedSAMClient
 from flowerbed.clients.fedsimclr import SimCLRClient, make_ssl_model
 from flowerbed.clients.fedu import FedUClient
 from flowerbed.clients.fedx import fedx_client
@@ -84,6 +85,8 @@ METHODS: dict[str, Method] = {
                "FedLC (Zhang et al., 2022): FedAvg, local logits calibrated by the client's label counts"),
         Method("fedrs", FedAvgStrategy, FedRSClient, make_model,
                "FedRS (Li & Zhan, 2021): FedAvg, restricted softmax (absent classes' logits scaled)"),
+        Method("fedsam", FedAvgStrategy, FedSAMClient, make_model,
+               "FedSAM (Qu et al., 2022): FedAvg, sharpness-aware minimisation as the local step"),
         Method("fedsimclr", SSLStrategy, SimCLRClient, make_ssl_model,
                "FedSimCLR: SimCLR (NT-Xent) locally, FedAvg; linear probe"),
         Method("fedbyol", SSLStrategy, BYOLClient, make_ssl_model,

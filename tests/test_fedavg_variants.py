@@ -1,4 +1,4 @@
-"""FedLC and FedRS, the FedCC paper's label-skew baselines: their local losses by hand."""
+"""FedLC, FedRS and FedSAM (FedCC paper baselines): FedAvg with another local step, by hand."""
 
 import math
 
@@ -15,8 +15,9 @@ from tests.conftest import sent
 SMALL = {"train-samples": 600, "test-samples": 100, "batch-size": 32, "partition": "pathological:2"}
 
 
-def client_and_hook(method, monkeypatch, **extra):
-    """The client of partition 0 (two classes) and the logit hook its fit hands to training."""
+def client_and_hook(method, monkeypatch, hook="logit_hook", **extra):
+    """The client of partition 0 (two classes) and the hooks its fit hands to training (the
+    named one alone by default)."""
     cfg = Config.from_run_config({**SMALL, "method": method, **extra})
     ctx = Context(run_id=1, node_id=3, node_config={"partition-id": 0, "num-partitions": 5},
                   state=RecordDict(), run_config=cfg.to_run_config())
@@ -30,7 +31,7 @@ def client_and_hook(method, monkeypatch, **extra):
     monkeypatch.setattr(base, "train_epochs", fake_train)
     model = client.new_model()
     client.fit(model, sent(3, RecordDict({"config": ConfigRecord({"server-round": 1})})), 1)
-    return client, seen["logit_hook"]
+    return client, seen[hook] if hook else seen
 
 
 def test_fedlc_calibrates_logits_by_the_clients_class_counts(monkeypatch):
@@ -61,7 +62,7 @@ def test_fedrs_scales_the_absent_classes_logits(monkeypatch):
 
 
 def test_both_train_through_a_real_round_and_refuse_bad_settings():
-    for method in ("fedlc", "fedrs"):
+    for method in ("fedlc", "fedrs", "fedsam"):
         cfg = Config.from_run_config({**SMALL, "method": method})
         ctx = Context(run_id=1, node_id=3, node_config={"partition-id": 0, "num-partitions": 5},
                       state=RecordDict(), run_config=cfg.to_run_config())
@@ -74,3 +75,29 @@ def test_both_train_through_a_real_round_and_refuse_bad_settings():
         Config.from_run_config({"method": "fedrs", "fedrs-alpha": 1.5})
     with pytest.raises(ConfigError, match="'fedlc-tau' = -1"):
         Config.from_run_config({"method": "fedlc", "fedlc-tau": -1.0})
+
+
+def test_fedsam_takes_the_gradient_at_the_perturbed_weights(monkeypatch):
+    _, hooks = client_and_hook("fedsam", monkeypatch, hook=None, **{"fedsam-rho": 0.3})
+    torch.manual_seed(0)
+    m = torch.nn.Linear(3, 2)
+    x, y = torch.randn(4, 3), torch.tensor([0, 1, 1, 0])
+    w0 = [p.detach().clone() for p in m.parameters()]
+
+    def grads_at(ws):
+        probe = torch.nn.Linear(3, 2)
+        with torch.no_grad():
+            for p, w in zip(probe.parameters(), ws, strict=True):
+                p.copy_(w)
+        torch.nn.functional.cross_entropy(probe(x), y).backward()
+        return [p.grad for p in probe.parameters()]
+
+    g = grads_at(w0)
+    norm = math.sqrt(sum(float((t ** 2).sum()) for t in g))
+    want = grads_at([w + 0.3 * t / norm for w, t in zip(w0, g, strict=True)])
+    hooks["batch_hook"](x, y)
+    torch.nn.functional.cross_entropy(m(x), y).backward()
+    hooks["grad_hook"](m)
+    for p, w, gw in zip(m.parameters(), w0, want, strict=True):
+        assert torch.equal(p.detach(), w)  # the weights are back at w
+        assert torch.allclose(p.grad, gw, atol=1e-6)  # with the gradient at w + eps
