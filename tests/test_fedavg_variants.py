@@ -101,3 +101,18 @@ def test_fedsam_takes_the_gradient_at_the_perturbed_weights(monkeypatch):
     for p, w, gw in zip(m.parameters(), w0, want, strict=True):
         assert torch.equal(p.detach(), w)  # the weights are back at w
         assert torch.allclose(p.grad, gw, atol=1e-6)  # with the gradient at w + eps
+
+
+def test_train_epochs_trains_on_the_hooked_logits_and_evaluation_on_the_plain_ones():
+    from flowerbed.datasets.loading import DataSet
+    from flowerbed.training import evaluate, train_epochs
+
+    torch.manual_seed(0)
+    x = torch.randint(0, 255, (8, 1, 4, 4), dtype=torch.uint8)
+    data = DataSet("fashion-mnist", x, torch.arange(8) % 4, 4)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 4))
+    loss, _ = train_epochs(model, data, epochs=1, batch_size=8, lr=0.1, momentum=0.0, weight_decay=0.0,
+                           device=torch.device("cpu"), generator=torch.Generator().manual_seed(0),
+                           logit_hook=lambda z: z * 0)
+    assert loss == pytest.approx(math.log(4), rel=1e-6)  # all-zero logits: uniform over 4 classes
+    assert evaluate(model, data, torch.device("cpu"))[0] != pytest.approx(math.log(4), rel=1e-3)

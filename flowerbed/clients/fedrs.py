@@ -1,10 +1,14 @@
 """FedRS (Li & Zhan, KDD 2021): local cross-entropy with a restricted softmax.
 
 The logits of the classes the client holds no training sample of are scaled by α
-(``fedrs-alpha``; α = 1 is FedAvg, α = 0 drops them from the local softmax), so a client stops
-pushing down the classes it never sees. The paper scales those classes' classifier weights
-(its classifier has no bias); here the whole logit is scaled, as fluke's FedRS does, which is the
-same for a bias-free classifier. The server is FedAvg's, and evaluation uses the plain logits.
+(``fedrs-alpha``; α = 1 is FedAvg; at α = 0 they are 0 and still count in the softmax's sum), so
+a client pushes the classes it never sees down less. The paper scales those classes' classifier
+weights, and its code has a bias-free classifier; here the whole logit is scaled, bias included
+(the CNN's and ResNets' classifiers have one), as fluke's FedRS and Flower's FedRS baseline do.
+The authors' code (FedRepo) scales every class by α + (1 − α)·n_c / max_c n_c instead, so rare
+but present classes are scaled too; that equals this rule on the even pathological splits, not on
+Dirichlet ones. The reported ``train-loss`` is the restricted loss. The server is FedAvg's, and
+evaluation uses the plain logits.
 """
 
 from __future__ import annotations
