@@ -21,7 +21,7 @@ log = logging.getLogger("flowerbed")
 LossHook = Callable[[nn.Module], torch.Tensor]
 GradHook = Callable[[nn.Module], None]
 BatchHook = Callable[[torch.Tensor, torch.Tensor], None]
-LogitHook = Callable[[torch.Tensor], torch.Tensor]
+Criterion = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def pick_device() -> torch.device:
@@ -93,7 +93,7 @@ def train_epochs(model: nn.Module, data: DataSet, *, epochs: int, batch_size: in
                  momentum: float, weight_decay: float, device: torch.device,
                  generator: torch.Generator, loss_hook: LossHook | None = None,
                  grad_hook: GradHook | None = None, batch_hook: BatchHook | None = None,
-                 logit_hook: LogitHook | None = None, optimizer: str = "sgd",
+                 criterion: Criterion = F.cross_entropy, optimizer: str = "sgd",
                  last_epoch: bool = False) -> tuple[float, int]:
     """Supervised cross-entropy training; returns (mean loss, number of optimiser steps).
 
@@ -101,8 +101,8 @@ def train_epochs(model: nn.Module, data: DataSet, *, epochs: int, batch_size: in
     ``grad_hook(model)`` edits gradients before each step (SCAFFOLD's correction);
     ``batch_hook(x, y)`` gets each batch before the model's step on it (APFL's personal model
     steps on the same batches);
-    ``logit_hook(logits)`` edits the logits the cross-entropy sees (FedLC's calibration, FedRS's
-    restricted softmax);
+    ``criterion(logits, y)`` is a batch's loss, cross-entropy unless a method has its own (FedLC's
+    calibrated logits, FedRS's restricted softmax, FedVLS's terms);
     ``last_epoch``: the mean loss of the last epoch only (FedFew's L_ik), not of all epochs.
     """
     model.to(device).train()
@@ -115,8 +115,7 @@ def train_epochs(model: nn.Module, data: DataSet, *, epochs: int, batch_size: in
             if batch_hook is not None:
                 batch_hook(xb, yb)
             opt.zero_grad(set_to_none=True)
-            out = model(xb)
-            loss = F.cross_entropy(out if logit_hook is None else logit_hook(out), yb)
+            loss = criterion(model(xb), yb)
             if loss_hook is not None:
                 loss = loss + loss_hook(model)
             loss.backward()

@@ -12,10 +12,12 @@ from flowerbed.registry import METHODS
 from flowerbed.training import to_record
 from tests.conftest import sent
 
+CE = torch.nn.functional.cross_entropy
+
 SMALL = {"train-samples": 600, "test-samples": 100, "batch-size": 32, "partition": "pathological:2"}
 
 
-def client_and_hook(method, monkeypatch, hook="logit_hook", **extra):
+def client_and_hook(method, monkeypatch, hook="criterion", **extra):
     """The client of partition 0 (two classes) and the hooks its fit hands to training (the
     named one alone by default)."""
     cfg = Config.from_run_config({**SMALL, "method": method, **extra})
@@ -38,27 +40,24 @@ def test_fedlc_calibrates_logits_by_the_clients_class_counts(monkeypatch):
     client, hook = client_and_hook("fedlc", monkeypatch, **{"fedlc-tau": 0.5})
     counts = torch.bincount(client.train_data.y, minlength=10)
     assert int((counts > 0).sum()) == 2  # pathological:2
-    z = torch.zeros(1, 10)
-    got = hook(z)[0]
-    for c in range(10):
-        want = -0.5 * (int(counts[c]) ** -0.25 if counts[c] else 1e-8 ** -0.25)  # absent: -50
-        assert float(got[c]) == pytest.approx(want, rel=1e-5)
-    # the loss of a sample of a present class is the cross-entropy over its two classes, about:
+    z, y = torch.randn(3, 10), torch.tensor([0, 4, 9])
+    shift = torch.tensor([-0.5 * (int(n) ** -0.25 if n else 1e-8 ** -0.25) for n in counts])  # absent: -50
+    assert float(hook(z, y)) == pytest.approx(float(CE(z + shift, y)), rel=1e-5)
+    # a sample of a present class: the cross-entropy over its client's two classes, about, as
     # the absent classes' logits lie 50 below and drop out of the softmax
     a, b = [int(c) for c in torch.nonzero(counts).flatten()]
-    loss = torch.nn.functional.cross_entropy(hook(z), torch.tensor([a]))
     want = -math.log(1 / (1 + math.exp(0.5 * (counts[a] ** -0.25 - counts[b] ** -0.25))))
-    assert float(loss) == pytest.approx(want, rel=1e-4)
+    assert float(hook(torch.zeros(1, 10), torch.tensor([a]))) == pytest.approx(want, rel=1e-4)
 
 
 def test_fedrs_scales_the_absent_classes_logits(monkeypatch):
     client, hook = client_and_hook("fedrs", monkeypatch, **{"fedrs-alpha": 0.25})
     present = torch.bincount(client.train_data.y, minlength=10) > 0
-    z = torch.full((2, 10), 4.0)
-    got = hook(z)
-    assert torch.equal(got[:, present], z[:, present]) and torch.all(got[:, ~present] == 1.0)
+    z, y = torch.randn(2, 10), torch.tensor([1, 7])
+    scaled = torch.where(present, z, 0.25 * z)
+    assert float(hook(z, y)) == pytest.approx(float(CE(scaled, y)), rel=1e-6)
     _, hook = client_and_hook("fedrs", monkeypatch, **{"fedrs-alpha": 1.0})
-    assert torch.equal(hook(z), z)  # alpha = 1 is FedAvg
+    assert float(hook(z, y)) == float(CE(z, y))  # alpha = 1 is FedAvg
 
 
 def test_both_train_through_a_real_round_and_refuse_bad_settings():
@@ -89,21 +88,21 @@ def test_fedsam_takes_the_gradient_at_the_perturbed_weights(monkeypatch):
         with torch.no_grad():
             for p, w in zip(probe.parameters(), ws, strict=True):
                 p.copy_(w)
-        torch.nn.functional.cross_entropy(probe(x), y).backward()
+        CE(probe(x), y).backward()
         return [p.grad for p in probe.parameters()]
 
     g = grads_at(w0)
     norm = math.sqrt(sum(float((t ** 2).sum()) for t in g))
     want = grads_at([w + 0.3 * t / norm for w, t in zip(w0, g, strict=True)])
     hooks["batch_hook"](x, y)
-    torch.nn.functional.cross_entropy(m(x), y).backward()
+    CE(m(x), y).backward()
     hooks["grad_hook"](m)
     for p, w, gw in zip(m.parameters(), w0, want, strict=True):
         assert torch.equal(p.detach(), w)  # the weights are back at w
         assert torch.allclose(p.grad, gw, atol=1e-6)  # with the gradient at w + eps
 
 
-def test_train_epochs_trains_on_the_hooked_logits_and_evaluation_on_the_plain_ones():
+def test_train_epochs_trains_on_the_methods_criterion_and_evaluation_on_cross_entropy():
     from flowerbed.datasets.loading import DataSet
     from flowerbed.training import evaluate, train_epochs
 
@@ -113,6 +112,6 @@ def test_train_epochs_trains_on_the_hooked_logits_and_evaluation_on_the_plain_on
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 4))
     loss, _ = train_epochs(model, data, epochs=1, batch_size=8, lr=0.1, momentum=0.0, weight_decay=0.0,
                            device=torch.device("cpu"), generator=torch.Generator().manual_seed(0),
-                           logit_hook=lambda z: z * 0)
+                           criterion=lambda z, y: CE(z * 0, y))
     assert loss == pytest.approx(math.log(4), rel=1e-6)  # all-zero logits: uniform over 4 classes
     assert evaluate(model, data, torch.device("cpu"))[0] != pytest.approx(math.log(4), rel=1e-3)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from flwr.app import Message
 from torch import nn
+from torch.nn import functional as F
 
 from flowerbed.clients.base import Client
 
@@ -29,4 +30,4 @@ def class_counts(client: Client) -> torch.Tensor:
 class FedLCClient(Client):
     def fit(self, model: nn.Module, msg: Message, rnd: int, **hooks):
         shift = self.cfg.fedlc_tau * class_counts(self).clamp_min(1e-8).pow(-0.25)
-        return super().fit(model, msg, rnd, logit_hook=lambda z: z - shift, **hooks)
+        return super().fit(model, msg, rnd, criterion=lambda z, y: F.cross_entropy(z - shift, y), **hooks)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from flwr.app import Message
 from torch import nn
+from torch.nn import functional as F
 
 from flowerbed.clients.base import Client
 from flowerbed.clients.fedlc import class_counts
@@ -23,4 +24,4 @@ from flowerbed.clients.fedlc import class_counts
 class FedRSClient(Client):
     def fit(self, model: nn.Module, msg: Message, rnd: int, **hooks):
         scale = (class_counts(self) > 0).float().clamp_min(self.cfg.fedrs_alpha)
-        return super().fit(model, msg, rnd, logit_hook=lambda z: z * scale, **hooks)
+        return super().fit(model, msg, rnd, criterion=lambda z, y: F.cross_entropy(z * scale, y), **hooks)
