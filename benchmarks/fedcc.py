@@ -1,6 +1,6 @@
 """FedCC vs distillation and parameter-based baselines under label skew, Fashion-MNIST (ensemble accuracy).
 
-Baselines: FedDF, FedMD (distillation); FedAvg, FedNova, FedLC, FedRS, FedSAM (parameter-based).
+Baselines: FedDF, FedMD (distillation); FedAvg, FedNova, FedLC, FedRS, FedSAM, FedVLS (parameter-based).
 
 
 Same public set (a seeded 10 % of the training set, unlabelled), partitions and seeds for every
@@ -47,7 +47,7 @@ from flowerbed.compare import compare, markdown_table
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_FEDCC = "fedcc@fedcc-ssl-epochs=20@fedcc-probe-input='black'"
 METHODS = ["fedcc", PAPER_FEDCC, "feddf", "feddf@distill-epochs=5", "fedmd", "fedavg", "fednova", "fedlc",
-           "fedrs", "fedsam"]
+           "fedrs", "fedsam", "fedvls"]
 SPLITS = ["pathological:1", "dirichlet:0.05", "pathological:2"]
 
 

@@ -118,7 +118,8 @@ class Partition:
 #: runs read no key outside this. The ServerApp warns of a key set for a method not reading it.
 KEY_READERS: dict[str, tuple[str, ...]] = {
     **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedade", "fedfew", "fedu", "fedrep", "ditto",
-                          "apfl", "fedamp", "feddyn", "scaffold", "fedlc", "fedrs", "fedsam")},
+                          "apfl", "fedamp", "feddyn", "scaffold", "fedlc", "fedrs", "fedsam",
+                          "fedvls")},
     "probe": SSL_METHODS, "ssl": SSL_METHODS,
     "ssl-tau": ("fedsimclr", "fedmoco", "fedx"),  # NT-Xent's and InfoNCE's temperature
     "byol": ("fedbyol", "fedu", "fedx"), "moco": ("fedmoco", "fedx"),
@@ -276,6 +277,7 @@ class Config:
     fedlc_tau: float
     fedrs_alpha: float
     fedsam_rho: float
+    fedvls_lambda: float
     finetune_epochs: int
     output_dir: str
     run_name: str
@@ -470,7 +472,7 @@ class Config:
                 raise ConfigError(key, v, "must be in [0, 1)")
         for key in ("weight-decay", "proximal-mu", "ditto-lambda", "apfl-alpha-lr", "fedcc-lambda",
                     "fedxds-lambda", "fedxds-sigma", "fedxds-epsilon", "fedade-fixed-lr", "fedade-lr-min",
-                    "fedade-lr-max", "fedlc-tau"):
+                    "fedade-lr-max", "fedlc-tau", "fedvls-lambda"):
             v = getattr(self, key.replace("-", "_"))
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number >= 0")

@@ -28,6 +28,7 @@ from flowerbed.clients.fedrs import FedRSClient
 from flowerbed.clients.fedsam import FedSAMClient
 from flowerbed.clients.fedsimclr import SimCLRClient, make_ssl_model
 from flowerbed.clients.fedu import FedUClient
+from flowerbed.clients.fedvls import FedVLSClient
 from flowerbed.clients.fedx import fedx_client
 from flowerbed.clients.fedxds import FedXDSClient
 from flowerbed.clients.ifca import IFCAClient
@@ -87,6 +88,8 @@ METHODS: dict[str, Method] = {
                "FedRS (Li & Zhan, 2021): FedAvg, restricted softmax (absent classes' logits scaled)"),
         Method("fedsam", FedAvgStrategy, FedSAMClient, make_model,
                "FedSAM (Qu et al., 2022): FedAvg, sharpness-aware minimisation as the local step"),
+        Method("fedvls", FedAvgStrategy, FedVLSClient, make_model,
+               "FedVLS (Guo et al., 2024): FedAvg, vacant-class distillation + logit suppression"),
         Method("fedsimclr", SSLStrategy, SimCLRClient, make_ssl_model,
                "FedSimCLR: SimCLR (NT-Xent) locally, FedAvg; linear probe"),
         Method("fedbyol", SSLStrategy, BYOLClient, make_ssl_model,

@@ -4,6 +4,7 @@ EXTRA = {
     "fedlc": {"partition": "pathological:2"},
     "fedrs": {"partition": "pathological:2"},
     "fedsam": {"partition": "pathological:2"},
+    "fedvls": {"partition": "pathological:2"},
     "fedcc": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},
     "feddf": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},
     "fedmd": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},

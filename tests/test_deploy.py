@@ -372,13 +372,14 @@ COVERED_BY = {"fedprox": "fedavg", "fedavg-ft": "fedavg", "fedsimclr": "fedx", "
               "fedmoco": "fedbyol",
               "feddf": "fedmd", "ditto": "fedavg", "apfl": "fedavg", "feddyn": "scaffold",
               "fedamp": "fedrep", "fednova": "fedavg",
-              "fedlc": "fedavg", "fedrs": "fedavg", "fedsam": "fedavg"}  # Ditto, APFL: FedAvg's
+              "fedlc": "fedavg", "fedrs": "fedavg", "fedsam": "fedavg",
+              "fedvls": "fedavg"}  # Ditto, APFL: FedAvg's
 # messages; their personal model is an ArrayRecord in context.state (APFL's alpha a MetricRecord), filed
 # and read back as Local's and FedMD's are. FedDyn: SCAFFOLD's (a state adopted once the server names the
 # round it took). FedAMP: a model of its own for each node, as FedRep's. FedNova: FedAvg's, with one more
-# metric. FedLC, FedRS, FedSAM: FedAvg's, another local step. FedMoCo: FedBYOL's messages; its key encoder is
-# filed as BYOL's target is, with one more record (the queue), which its in-process resume test brings
-# back
+# metric. FedLC, FedRS, FedSAM, FedVLS: FedAvg's, another local step. FedMoCo: FedBYOL's messages; its key
+# encoder is filed as BYOL's target is, with one more record (the queue), which its in-process resume test
+# brings back
 DEPLOYED = [m for m in METHODS if m not in COVERED_BY]
 
 

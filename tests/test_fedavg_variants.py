@@ -1,4 +1,4 @@
-"""FedLC, FedRS and FedSAM (FedCC paper baselines): FedAvg with another local step, by hand."""
+"""FedLC, FedRS, FedSAM and FedVLS (FedCC paper baselines): FedAvg with another local step, by hand."""
 
 import math
 
@@ -61,7 +61,7 @@ def test_fedrs_scales_the_absent_classes_logits(monkeypatch):
 
 
 def test_both_train_through_a_real_round_and_refuse_bad_settings():
-    for method in ("fedlc", "fedrs", "fedsam"):
+    for method in ("fedlc", "fedrs", "fedsam", "fedvls"):
         cfg = Config.from_run_config({**SMALL, "method": method})
         ctx = Context(run_id=1, node_id=3, node_config={"partition-id": 0, "num-partitions": 5},
                       state=RecordDict(), run_config=cfg.to_run_config())
@@ -115,3 +115,42 @@ def test_train_epochs_trains_on_the_methods_criterion_and_evaluation_on_cross_en
                            criterion=lambda z, y: CE(z * 0, y))
     assert loss == pytest.approx(math.log(4), rel=1e-6)  # all-zero logits: uniform over 4 classes
     assert evaluate(model, data, torch.device("cpu"))[0] != pytest.approx(math.log(4), rel=1e-3)
+
+
+def test_fedvls_loss_by_hand():
+    from flowerbed.clients.fedvls import vls_loss
+
+    torch.manual_seed(1)
+    z, t = torch.randn(3, 4), torch.randn(3, 4)
+    y = torch.tensor([0, 1, 1])
+    prior = torch.tensor([0.25, 0.75, 0.0, 0.0])  # classes 2, 3 vacant
+    lp = [math.log(p + 1e-9) for p in prior.tolist()]
+    ce = sum(-math.log(math.exp(z[i, y[i]] + lp[y[i]]) / sum(math.exp(z[i, c] + lp[c]) for c in range(4)))
+             for i in range(3)) / 3
+    sup = 0.0
+    for c in range(4):  # a sample of class c enters class c's logsumexp as 0 (the code's mask)
+        vals = [(float(z[i, c]) - lp[c] - math.log(4)) if int(y[i]) != c else 0.0 for i in range(3)]
+        sup += float(prior[c]) * (math.log(sum(math.exp(v) for v in vals)) - math.log(3))
+    kd = 0.0
+    for i in range(3):
+        ps = torch.softmax(z[i, 2:], 0).tolist()
+        pt = torch.softmax(t[i, 2:], 0).tolist()
+        kd += sum(b * (math.log(b) - math.log(a)) for a, b in zip(ps, pt, strict=True))
+    want = ce + 0.005 * sup + 0.7 * kd / 3
+    assert float(vls_loss(z, y, t, prior, 0.7)) == pytest.approx(want, rel=1e-5)
+    # no vacant class: no distillation term
+    full = torch.tensor([0.25, 0.25, 0.25, 0.25])
+    assert torch.isfinite(vls_loss(z, y, t, full, 0.7))
+    assert float(vls_loss(z, y, t, full, 0.7)) == pytest.approx(float(vls_loss(z, y, t, full, 0.0)))
+
+
+def test_fedvls_distils_from_the_frozen_received_model(monkeypatch):
+    client, hooks = client_and_hook("fedvls", monkeypatch, hook=None)
+    x = client.train_data.normalise(client.train_data.x[:4])
+    hooks["batch_hook"](x, client.train_data.y[:4])
+    z = torch.randn(4, 10, requires_grad=True)
+    loss = hooks["criterion"](z, client.train_data.y[:4])
+    loss.backward()
+    assert torch.isfinite(loss) and z.grad is not None
+    vacant = torch.bincount(client.train_data.y, minlength=10) == 0
+    assert z.grad[:, vacant].abs().sum() > 0  # the vacant classes' logits are distilled
