@@ -95,12 +95,13 @@ def train_epochs(model: nn.Module, data: DataSet, *, epochs: int, batch_size: in
                  grad_hook: GradHook | None = None, batch_hook: BatchHook | None = None,
                  criterion: Criterion = F.cross_entropy, optimizer: str = "sgd",
                  last_epoch: bool = False) -> tuple[float, int]:
-    """Supervised cross-entropy training; returns (mean loss, number of optimiser steps).
+    """Supervised training; returns (mean loss, number of optimiser steps).
 
-    ``loss_hook(model)`` adds a term to each batch's loss (FedProx's proximal term);
-    ``grad_hook(model)`` edits gradients before each step (SCAFFOLD's correction);
-    ``batch_hook(x, y)`` gets each batch before the model's step on it (APFL's personal model
-    steps on the same batches);
+    Per batch, in this order: ``batch_hook(x, y)`` gets the batch (APFL's personal model steps
+    on the same batches; FedVLS's teacher scores it; FedSAM keeps it for its second pass); the
+    model's forward pass; ``criterion``; ``loss_hook(model)`` adds a term to the batch's loss
+    (FedProx's proximal term); backward; ``grad_hook(model)`` edits the gradients (SCAFFOLD's
+    correction, FedSAM's second pass); the optimiser's step.
     ``criterion(logits, y)`` is a batch's loss, cross-entropy unless a method has its own (FedLC's
     calibrated logits, FedRS's restricted softmax, FedVLS's terms);
     ``last_epoch``: the mean loss of the last epoch only (FedFew's L_ik), not of all epochs.

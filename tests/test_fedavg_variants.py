@@ -1,5 +1,6 @@
 """FedLC, FedRS, FedSAM and FedVLS (FedCC paper baselines): FedAvg with another local step, by hand."""
 
+import copy
 import math
 
 import pytest
@@ -27,7 +28,7 @@ def client_and_hook(method, monkeypatch, hook="criterion", **extra):
     seen = {}
 
     def fake_train(model, data, **kw):  # only what fit passes on is under test here
-        seen.update(kw)
+        seen.update(kw, model=model)
         return 0.0, 1
 
     monkeypatch.setattr(base, "train_epochs", fake_train)
@@ -60,7 +61,7 @@ def test_fedrs_scales_the_absent_classes_logits(monkeypatch):
     assert float(hook(z, y)) == float(CE(z, y))  # alpha = 1 is FedAvg
 
 
-def test_both_train_through_a_real_round_and_refuse_bad_settings():
+def test_each_trains_through_a_real_round_and_bad_settings_are_refused():
     for method in ("fedlc", "fedrs", "fedsam", "fedvls"):
         cfg = Config.from_run_config({**SMALL, "method": method})
         ctx = Context(run_id=1, node_id=3, node_config={"partition-id": 0, "num-partitions": 5},
@@ -74,6 +75,10 @@ def test_both_train_through_a_real_round_and_refuse_bad_settings():
         Config.from_run_config({"method": "fedrs", "fedrs-alpha": 1.5})
     with pytest.raises(ConfigError, match="'fedlc-tau' = -1"):
         Config.from_run_config({"method": "fedlc", "fedlc-tau": -1.0})
+    with pytest.raises(ConfigError, match="'fedsam-rho' = 0"):
+        Config.from_run_config({"method": "fedsam", "fedsam-rho": 0.0})
+    with pytest.raises(ConfigError, match="'fedvls-lambda' = -1"):
+        Config.from_run_config({"method": "fedvls", "fedvls-lambda": -1.0})
 
 
 def test_fedsam_takes_the_gradient_at_the_perturbed_weights(monkeypatch):
@@ -145,12 +150,33 @@ def test_fedvls_loss_by_hand():
 
 
 def test_fedvls_distils_from_the_frozen_received_model(monkeypatch):
-    client, hooks = client_and_hook("fedvls", monkeypatch, hook=None)
-    x = client.train_data.normalise(client.train_data.x[:4])
-    hooks["batch_hook"](x, client.train_data.y[:4])
+    from flowerbed.clients.fedvls import vls_loss
+
+    client, hooks = client_and_hook("fedvls", monkeypatch, hook=None, **{"fedvls-lambda": 0.7})
+    model = hooks["model"]
+    x, y = client.train_data.normalise(client.train_data.x[:4]), client.train_data.y[:4]
+    with torch.no_grad():
+        teacher = copy.deepcopy(model).train()(x)  # the received model, in train mode
+        for p in model.parameters():  # training moves the local model; the teacher stays
+            p.add_(1.0)
+    counts = torch.bincount(client.train_data.y, minlength=10).float()
+    hooks["batch_hook"](x, y)
     z = torch.randn(4, 10, requires_grad=True)
-    loss = hooks["criterion"](z, client.train_data.y[:4])
+    loss = hooks["criterion"](z, y)
+    prior = counts / counts.sum()
+    assert loss.item() == pytest.approx(vls_loss(z, y, teacher, prior, 0.7).item(), rel=1e-6)
+    # the distillation: the vacant classes' gradient is the lambda-weighted KL's (cross-entropy
+    # gives them about nothing: their prior-corrected logits sit at log 1e-9)
     loss.backward()
-    assert torch.isfinite(loss) and z.grad is not None
-    vacant = torch.bincount(client.train_data.y, minlength=10) == 0
-    assert z.grad[:, vacant].abs().sum() > 0  # the vacant classes' logits are distilled
+    vacant = counts == 0
+    g = z.grad[:, vacant].clone()
+    z.grad = None
+    vls_loss(z, y, teacher, prior, 0.0).backward()
+    assert g.abs().sum() > 1e3 * z.grad[:, vacant].abs().sum()
+    z.grad = None
+    t = teacher.clone().requires_grad_(True)  # z = t: no distillation gradient
+    vls_loss(t, y, teacher, prior, 0.7).backward()
+    g_kd = t.grad[:, vacant].clone()
+    t.grad = None
+    vls_loss(t, y, teacher, prior, 0.0).backward()
+    assert torch.allclose(g_kd, t.grad[:, vacant], atol=1e-7)

@@ -1,10 +1,12 @@
 """FedSAM (Qu et al., ICML 2022): FedAvg with sharpness-aware minimisation (SAM) as the local step.
 
 Each local step takes the gradient g at w, moves to w + ε with ε = ρ·g/‖g‖ (``fedsam-rho``, the
-radius; SAM's default 0.05), takes the gradient there and steps from w with it (SGD with the
-run's momentum and weight decay). Two forward and backward passes per step; the reported
-training loss is the loss at w. In a network with BatchNorm the second pass updates its running
-statistics too (as most SAM code does). The server is FedAvg's.
+radius; SAM's default 0.05; FedSAM codes use 0.1 (FL-Simulator, plain SGD with gradients clipped
+at 10) or 0.5), takes the gradient there and steps from w with it (SGD with the run's momentum
+and weight decay, no clipping). Two forward and backward passes per step; the second is plain
+cross-entropy; the reported training loss is the loss at w. In a network with BatchNorm the
+second pass updates its running statistics too (as FL-Simulator's does; davda54's SAM example
+turns that off). The server is FedAvg's.
 """
 
 from __future__ import annotations

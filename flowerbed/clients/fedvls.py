@@ -7,12 +7,19 @@ A FedAvg client whose local loss, as in the official code (krumpguo/FedVLS, ``cl
                                                           logit suppression (non-label logits)
       + λ KL(softmax(t_V) ‖ softmax(z_V))                 vacant-class distillation
 
-with π the client's label distribution, z the local logits, t the logits of the received global
-model (frozen, eval mode) and V the client's vacant classes (π_c = 0), λ = ``fedvls-lambda``
-(the code's default 1.0). In the suppression term the code multiplies the samples of class c by
-0 instead of leaving them out, so each adds exp(0) to that class's logsumexp; flowerbed does the
-same. Without vacant classes the distillation term is 0. The official client also sets weight
-decay to 0; flowerbed keeps the run's. The server is FedAvg's; evaluation uses the plain logits.
+with π the client's label distribution, z the local logits, B the batch size, t the logits of
+the received global model and V the client's vacant classes (π_c = 0), λ = ``fedvls-lambda``
+(the code's default 1.0). The teacher is a frozen copy of the received model that runs, as the
+official code's does, in train mode (a network with BatchNorm normalises the teacher's batch by
+its own statistics; the copy's running statistics are thrown away with it). In the suppression
+term the code multiplies the samples of class c by 0 instead of leaving them out, so each adds
+exp(0) to that class's logsumexp; flowerbed does the same. Without vacant classes the
+distillation term is 0. A client holding one class only (``pathological:1``) hardly trains: its
+prior-corrected cross-entropy is about 1e-9 (the absent classes sit at log 1e-9), the
+suppression term is 0 (every sample masked) and the distillation starts at 0 (the local model
+is the teacher); that is the method (the official loss does the same). The official client also
+sets weight decay to 0; flowerbed keeps the run's. The server is FedAvg's; evaluation uses the
+plain logits.
 """
 
 from __future__ import annotations
@@ -49,7 +56,8 @@ class FedVLSClient(Client):
     def fit(self, model: nn.Module, msg: Message, rnd: int, **hooks):
         counts = class_counts(self)
         prior = counts / counts.sum()
-        teacher = copy.deepcopy(model).eval()  # the received global model, frozen
+        teacher = copy.deepcopy(model).train()  # the received global model, frozen; train mode as
+        # in the official code (its teacher is a copy of the server's model, kept in train mode)
         teacher.requires_grad_(False)
         batch = {}
 
