@@ -38,6 +38,20 @@ def read_result(name: str) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def same_settings(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two run-config overrides make the same runs: a key at its default value counts
+    as absent (a preset that later names a default, such as fedx-tau-local = 0.1 in
+    presets/fedx-cpu.toml, measures what it measured before)."""
+    from flowerbed.config import defaults
+
+    d = defaults()
+
+    def effective(c: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in c.items() if k not in d or d[k] != v}
+
+    return effective(a) == effective(b)
+
+
 def kept_splits(name: str, config: dict[str, Any], vary: tuple[str, ...] = ()
                 ) -> tuple[dict[str, dict], dict[str, dict]]:
     """Results and settings of the splits an earlier run of benchmark ``name`` measured with
@@ -47,7 +61,7 @@ def kept_splits(name: str, config: dict[str, Any], vary: tuple[str, ...] = ()
     def fixed(c: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in c.items() if k not in vary}
 
-    keep = [s for s, c in old.get("split-configs", {}).items() if fixed(c) == fixed(config)]
+    keep = [s for s, c in old.get("split-configs", {}).items() if same_settings(fixed(c), fixed(config))]
     return ({s: old["results"][s] for s in keep}, {s: old["split-configs"][s] for s in keep})
 
 

@@ -33,6 +33,7 @@ from benchmarks.common import (
     read_result,
     rows_to_run,
     run_main,
+    same_settings,
     seed_list,
     write_result,
 )
@@ -107,7 +108,11 @@ def kept_rows(config: dict, seeds: list[int]) -> tuple[dict[str, dict], dict]:
     """The rows of the last written benchmarks/results/fedx.json and that file, when it was
     measured with the same settings and seeds (else nothing)."""
     old = read_result("fedx")
-    if old.get("config") != config or old.get("seeds") != seeds:
+    if not old:
+        return {}, {}
+    if not same_settings(old.get("config", {}), config) or old.get("seeds") != seeds:
+        print(f"benchmarks.fedx: the earlier rows (settings {old.get('config')}, seeds {old.get('seeds')}) "
+              f"differ from this run's ({config}, seeds {seeds}) and are not kept")
         return {}, {}
     return old.get("results", {}), old
 

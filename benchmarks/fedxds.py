@@ -32,6 +32,7 @@ from benchmarks.common import (
     rows_to_run,
     run_main,
     run_rows,
+    same_settings,
     write_result,
 )
 from flowerbed.compare import compare, markdown_table
@@ -98,7 +99,7 @@ def kept_rows(name: str, base: dict, num_clients: int, run: list[str]
                          "every row's rounds-to-FedAvg's-final depends on it")
     old = read_result(name)
     # results written before min-partition-size was recorded used the script's default, 10
-    same = ({"min-partition-size": 10, **old.get("config", {})} == base
+    same = (same_settings({"min-partition-size": 10, **old.get("config", {})}, base)
             and old.get("num-clients", 10) == num_clients)
     if not same or any(m not in old.get("results", {}) for m in rest):
         raise SystemExit(f"no earlier {name} result with these settings holds {', '.join(rest)}: "

@@ -20,6 +20,8 @@ def test_kept_splits_only_with_the_same_settings(tmp_path, monkeypatch):
     assert configs["s2"]["num-server-rounds"] == 30
     assert common.kept_splits("b", {**base, "num-server-rounds": 5}) == ({}, {})
     assert common.kept_splits("missing", base) == ({}, {})
+    assert common.kept_splits("b", {**base, "lr": 0.01, "num-server-rounds": 5},  # lr's default
+                              vary=("num-server-rounds",))[0] == results
 
 
 def test_merged_rows_overlay_the_kept_ones_in_order():
@@ -114,6 +116,10 @@ def test_fedx_keeps_earlier_rows_only_with_the_same_settings_and_seeds(tmp_path,
     assert rows == {"fedx": {"x": 1}}
     assert fedx.kept_rows({**cfg, "num-server-rounds": 20}, [0, 1, 2]) == ({}, {})
     assert fedx.kept_rows(cfg, [0]) == ({}, {})
+    # a preset that later names a key at its default measures what it measured: kept (the
+    # MoCo rows of 2026-12-06 dropped every earlier row when fedx-tau-local = 0.1 was added)
+    assert fedx.kept_rows({**cfg, "fedx-tau-local": 0.1}, [0, 1, 2])[0] == {"fedx": {"x": 1}}
+    assert fedx.kept_rows({**cfg, "fedx-tau-local": 0.2}, [0, 1, 2]) == ({}, {})
     old["row-dates"] = {"fedx": "2026-12-01 22:19", "fedbyol": "2026-11-30 10:00"}
     assert fedx.row_dates(["fedbyol"], {"fedx": {}, "fedu": {}}, old, "2026-12-02 09:25") == {
         "fedx": "2026-12-01 22:19", "fedu": "2026-12-01 22:19", "fedbyol": "2026-12-02 09:25"}
