@@ -1,13 +1,12 @@
 """FedCC vs distillation and parameter-based baselines under label skew, Fashion-MNIST (ensemble accuracy).
 
 Baselines: FedDF, FedMD (distillation); FedAvg, FedNova, FedLC, FedRS, FedSAM, FedVLS (parameter-based).
-
-
 Same public set (a seeded 10 % of the training set, unlabelled), partitions and seeds for every
-method; 10 clients; the distillation methods use two CNN widths (half the clients each), FedAvg
-the full-width CNN. Targets (issue #4): with pathological:1, FedCC >= 50 %, >= FedDF + 20 pp and
->= FedAvg + 20 pp; with dirichlet:0.05 and pathological:2, FedCC >= FedDF; FedCC's upload per
-client per round <= 1/10 of FedAvg's.
+method; 10 clients; the distillation methods use two CNN widths (half the clients each), the
+parameter-based methods (FedAvg, FedNova, FedLC, FedRS, FedSAM, FedVLS) the full-width CNN.
+Targets (issue #4): with pathological:1, FedCC >= 50 %, >= FedDF + 20 pp and >= FedAvg + 20 pp;
+with dirichlet:0.05 and pathological:2, FedCC >= FedDF; FedCC's upload per client per round
+<= 1/10 of FedAvg's.
 
 Epochs: the paper runs 20 epochs per stage for every method; this CPU preset runs 5 epochs of
 private training for every method (``local-epochs``: FedAvg's local training, FedDF's and FedMD's

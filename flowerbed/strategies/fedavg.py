@@ -1,4 +1,7 @@
-"""FedAvg and FedProx: Flower's own strategies with flowerbed's sampling/validation/accounting."""
+"""FedAvg and FedProx: Flower's own strategies with flowerbed's sampling/validation/accounting.
+
+FedAvg's is also the server half of FedAvg-FT, FedLC, FedRS, FedSAM and FedVLS, which change
+only the client's local step or evaluation."""
 
 from __future__ import annotations
 
