@@ -276,6 +276,7 @@ class Config:
     feddyn_alpha: float
     fedlc_tau: float
     fedrs_alpha: float
+    fedrs_scaling: str
     fedsam_rho: float
     fedvls_lambda: float
     finetune_epochs: int
@@ -458,6 +459,8 @@ class Config:
             raise ConfigError("ssl-dim", self.ssl_dim, "must be <= 8192 (FedX uses 512)")
         if self.round_timeout > MAX_TIMEOUT:
             raise ConfigError("round-timeout", self.round_timeout, f"must be <= {MAX_TIMEOUT:g} s (a week)")
+        if self.fedrs_scaling not in ("absent", "proportional"):
+            raise ConfigError("fedrs-scaling", self.fedrs_scaling, "use absent or proportional")
         if not 0 <= self.fedrs_alpha <= 1:
             raise ConfigError("fedrs-alpha", self.fedrs_alpha,
                               "must be in [0, 1] (the scale of the absent classes' logits; 1 is FedAvg)")

@@ -57,6 +57,12 @@ def test_fedrs_scales_the_absent_classes_logits(monkeypatch):
     z, y = torch.randn(2, 10), torch.tensor([1, 7])
     scaled = torch.where(present, z, 0.25 * z)
     assert float(hook(z, y)) == pytest.approx(float(CE(scaled, y)), rel=1e-6)
+    counts = torch.bincount(client.train_data.y, minlength=10).float()
+    _, hook = client_and_hook("fedrs", monkeypatch, **{"fedrs-alpha": 0.25, "fedrs-scaling": "proportional"})
+    want = CE(z * (0.25 + 0.75 * counts / counts.max()), y)  # the authors' code: rare classes too
+    assert float(hook(z, y)) == pytest.approx(float(want), rel=1e-6)
+    with pytest.raises(ConfigError, match="'fedrs-scaling' = 'soft'"):
+        Config.from_run_config({"method": "fedrs", "fedrs-scaling": "soft"})
     _, hook = client_and_hook("fedrs", monkeypatch, **{"fedrs-alpha": 1.0})
     assert float(hook(z, y)) == float(CE(z, y))  # alpha = 1 is FedAvg
 

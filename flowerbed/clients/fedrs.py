@@ -7,7 +7,8 @@ weights, and its code has a bias-free classifier; here the whole logit is scaled
 (the CNN's and ResNets' classifiers have one), as fluke's FedRS and Flower's FedRS baseline do.
 The authors' code (FedRepo) scales every class by α + (1 − α)·n_c / max_c n_c instead, so rare
 but present classes are scaled too; that equals this rule on the even pathological splits, not on
-Dirichlet ones. The reported ``train-loss`` is the restricted loss. The server is FedAvg's, and
+Dirichlet ones: ``fedrs-scaling='proportional'`` takes it (the default ``'absent'`` is the
+paper's and fluke's rule). The reported ``train-loss`` is the restricted loss. The server is FedAvg's, and
 evaluation uses the plain logits.
 """
 
@@ -23,5 +24,9 @@ from flowerbed.clients.fedlc import class_counts
 
 class FedRSClient(Client):
     def fit(self, model: nn.Module, msg: Message, rnd: int, **hooks):
-        scale = (class_counts(self) > 0).float().clamp_min(self.cfg.fedrs_alpha)
+        counts, alpha = class_counts(self), self.cfg.fedrs_alpha
+        if self.cfg.fedrs_scaling == "proportional":
+            scale = alpha + (1 - alpha) * counts / counts.max()
+        else:
+            scale = (counts > 0).float().clamp_min(alpha)
         return super().fit(model, msg, rnd, criterion=lambda z, y: F.cross_entropy(z * scale, y), **hooks)
