@@ -136,12 +136,11 @@ def test_scaffold_server_lr_steps_parameters_not_buffers(cfg):
     s = ScaffoldStrategy(cfg.replace(scaffold_server_lr=3.0))
     s.model = nn.BatchNorm1d(2)
     msgs = prepared(s, [101, 102])
-    bn = bn_record
-    s._reference = bn(0.0, 1.0, 0)
+    s._reference = bn_record(0.0, 1.0, 0)
     delta = ArrayRecord({"weight": Array(np.zeros(2, np.float32)), "bias": Array(np.zeros(2, np.float32))})
-    reps = [reply(msgs[0], RecordDict({"arrays": bn(1.0, 0.1, 4), CV_DELTA: delta,
+    reps = [reply(msgs[0], RecordDict({"arrays": bn_record(1.0, 0.1, 4), CV_DELTA: delta,
                                        "metrics": MetricRecord({"num-examples": 10})})),
-            reply(msgs[1], RecordDict({"arrays": bn(1.0, 0.1, 8), CV_DELTA: delta,
+            reply(msgs[1], RecordDict({"arrays": bn_record(1.0, 0.1, 8), CV_DELTA: delta,
                                        "metrics": MetricRecord({"num-examples": 30})}))]
     s._sent = msgs
     out, _ = s.aggregate_train(1, reps)
@@ -475,17 +474,11 @@ def test_feddyn_server_update_by_hand_with_batchnorm_buffers(cfg):
     s = FedDynStrategy(cfg.replace(feddyn_alpha=0.1))
     s.model = nn.BatchNorm1d(2)  # parameters weight, bias; buffers incl. num_batches_tracked
     msgs = prepared(s, [101, 102, 103, 104])  # m = 4 clients, 2 participate
-
-    def bn(v: float, n: int) -> ArrayRecord:
-        return ArrayRecord({"weight": Array(np.full(2, v, np.float32)),
-                            "bias": Array(np.full(2, v, np.float32)),
-                            "running_mean": Array(np.full(2, v, np.float32)),
-                            "running_var": Array(np.full(2, 1.0, np.float32)),
-                            "num_batches_tracked": Array(np.array(n, np.int64))})
-
-    s._reference = bn(0.0, 0)
-    reps = [reply(msgs[0], RecordDict({"arrays": bn(2.0, 3), "metrics": MetricRecord({"num-examples": 10})})),
-            reply(msgs[1], RecordDict({"arrays": bn(4.0, 6), "metrics": MetricRecord({"num-examples": 30})}))]
+    s._reference = bn_record(0.0, n=0)
+    reps = [reply(msgs[0], RecordDict({"arrays": bn_record(2.0, n=3),
+                                       "metrics": MetricRecord({"num-examples": 10})})),
+            reply(msgs[1], RecordDict({"arrays": bn_record(4.0, n=6),
+                                       "metrics": MetricRecord({"num-examples": 30})}))]
     s._sent = msgs[:2]
     out, _ = s.aggregate_train(1, reps)
     h = -0.1 / 4 * (2.0 + 4.0)

@@ -108,10 +108,10 @@ def test_fedfew_server_lr_steps_parameters_not_buffers():
     s = FedFewStrategy(cfg)
     s.model = nn.BatchNorm1d(2)
     msgs = prepared(s, [100])
-    bn = bn_record
-    s._models, s._reference = [bn(0.0, 1.0)], bn(0.0, 1.0)
-    out, _ = s.aggregate_train(1, [reply(msgs[0], RecordDict({"model.0": bn(1.0, 0.1), "m": MetricRecord(
-        {"num-examples": 10, "losses": [0.5]})}))])
+    s._models, s._reference = [bn_record(0.0, 1.0)], bn_record(0.0, 1.0)
+    content = RecordDict({"model.0": bn_record(1.0, 0.1),
+                          "m": MetricRecord({"num-examples": 10, "losses": [0.5]})})
+    out, _ = s.aggregate_train(1, [reply(msgs[0], content)])
     got = unpack(out, 1)[0]
     assert np.allclose(got["weight"].numpy(), 3.0) and np.allclose(got["running_mean"].numpy(), 1.0)
     assert np.allclose(got["running_var"].numpy(), 0.1)

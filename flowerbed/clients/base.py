@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from torch import nn
 
@@ -75,6 +76,12 @@ class Client:
                 f"{' ...' if len(missing) > 3 else ''} and this client holds none of its own "
                 "(its context.state was lost?); the server sends the whole model next time")
         return load_record(model, ArrayRecord(merged)).to(self.device)
+
+    def class_counts(self) -> torch.Tensor:
+        """The training split's samples per class (float, on the client's device): the label
+        distribution FedLC, FedRS and FedVLS train with."""
+        d = self.train_data
+        return torch.bincount(d.y, minlength=d.num_classes).float().to(self.device)
 
     def state_model(self, key: str) -> nn.Module | None:
         """The model this client keeps in ``context.state`` under ``key`` (None before it filed one)."""

@@ -13,7 +13,6 @@ logits.
 
 from __future__ import annotations
 
-import torch
 from flwr.app import Message
 from torch import nn
 from torch.nn import functional as F
@@ -21,13 +20,7 @@ from torch.nn import functional as F
 from flowerbed.clients.base import Client
 
 
-def class_counts(client: Client) -> torch.Tensor:
-    """The client's training samples per class (float, on its device)."""
-    y = client.train_data.y
-    return torch.bincount(y, minlength=client.train_data.num_classes).float().to(client.device)
-
-
 class FedLCClient(Client):
     def fit(self, model: nn.Module, msg: Message, rnd: int, **hooks):
-        shift = self.cfg.fedlc_tau * class_counts(self).clamp_min(1e-8).pow(-0.25)
+        shift = self.cfg.fedlc_tau * self.class_counts().clamp_min(1e-8).pow(-0.25)
         return super().fit(model, msg, rnd, criterion=lambda z, y: F.cross_entropy(z - shift, y), **hooks)

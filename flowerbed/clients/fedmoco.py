@@ -64,9 +64,11 @@ class MoCoClient(MomentumClient):
                                  f"{(size, dim)}")
         self.queue = self.queue.to(self.device)
         self.keys: torch.Tensor | None = None
+        # shuffle BN (below) where the network normalises by batch statistics; looked up once a round
+        self.shuffle_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.target.modules())
 
     def target_projections(self, x1: torch.Tensor, x2: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.target.modules()):
+        if not self.shuffle_bn:
             return super().target_projections(x1, x2)
         x = torch.cat([x1, x2])
         perm = torch.randperm(len(x), device=x.device)  # torch's RNG: seeded per client and round

@@ -19,12 +19,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from flowerbed.clients.base import Client
-from flowerbed.clients.fedlc import class_counts
 
 
 class FedRSClient(Client):
     def fit(self, model: nn.Module, msg: Message, rnd: int, **hooks):
-        counts, alpha = class_counts(self), self.cfg.fedrs_alpha
+        counts, alpha = self.class_counts(), self.cfg.fedrs_alpha
         if self.cfg.fedrs_scaling == "proportional":
             scale = alpha + (1 - alpha) * counts / counts.max()
         else:

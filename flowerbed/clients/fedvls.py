@@ -33,7 +33,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from flowerbed.clients.base import Client
-from flowerbed.clients.fedlc import class_counts
 
 
 def vls_loss(z: torch.Tensor, y: torch.Tensor, teacher: torch.Tensor, prior: torch.Tensor,
@@ -54,7 +53,7 @@ def vls_loss(z: torch.Tensor, y: torch.Tensor, teacher: torch.Tensor, prior: tor
 
 class FedVLSClient(Client):
     def fit(self, model: nn.Module, msg: Message, rnd: int, **hooks):
-        counts = class_counts(self)
+        counts = self.class_counts()
         prior = counts / counts.sum()
         teacher = copy.deepcopy(model).train()  # the received global model, frozen; train mode as
         # in the official code (its teacher is a copy of the server's model, kept in train mode)
