@@ -1,9 +1,10 @@
 """FedCC vs distillation and parameter-based baselines under label skew, Fashion-MNIST (ensemble accuracy).
 
-Baselines: FedDF, FedMD (distillation); FedAvg, FedNova, FedLC, FedRS, FedSAM, FedVLS (parameter-based).
+Baselines: FedDF, FedMD (distillation); FedAvg, FedNova, FedLC, FedRS, FedSAM, FedVLS, FedMR
+(parameter-based).
 Same public set (a seeded 10 % of the training set, unlabelled), partitions and seeds for every
 method; 10 clients; the distillation methods use two CNN widths (half the clients each), the
-parameter-based methods (FedAvg, FedNova, FedLC, FedRS, FedSAM, FedVLS) the full-width CNN.
+parameter-based methods (FedAvg, FedNova, FedLC, FedRS, FedSAM, FedVLS, FedMR) the full-width CNN.
 Targets (issue #4): with pathological:1, FedCC >= 50 %, >= FedDF + 20 pp and >= FedAvg + 20 pp;
 with dirichlet:0.05 and pathological:2, FedCC >= FedDF; FedCC's upload per client per round
 <= 1/10 of FedAvg's.
@@ -46,7 +47,7 @@ from flowerbed.compare import compare, markdown_table
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_FEDCC = "fedcc@fedcc-ssl-epochs=20@fedcc-probe-input='black'"
 METHODS = ["fedcc", PAPER_FEDCC, "feddf", "feddf@distill-epochs=5", "fedmd", "fedavg", "fednova", "fedlc",
-           "fedrs", "fedsam", "fedvls"]
+           "fedrs", "fedsam", "fedvls", "fedmr"]
 SPLITS = ["pathological:1", "dirichlet:0.05", "pathological:2"]
 
 

@@ -119,7 +119,7 @@ class Partition:
 KEY_READERS: dict[str, tuple[str, ...]] = {
     **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedade", "fedfew", "fedu", "fedrep", "ditto",
                           "apfl", "fedamp", "feddyn", "scaffold", "fedlc", "fedrs", "fedsam",
-                          "fedvls")},
+                          "fedvls", "fedmr")},
     "probe": SSL_METHODS, "ssl": SSL_METHODS,
     "ssl-tau": ("fedsimclr", "fedmoco", "fedx"),  # NT-Xent's and InfoNCE's temperature
     "byol": ("fedbyol", "fedu", "fedx"), "moco": ("fedmoco", "fedx"),
@@ -279,6 +279,7 @@ class Config:
     fedrs_scaling: str
     fedsam_rho: float
     fedvls_lambda: float
+    fedmr_first_stage: int
     finetune_epochs: int
     output_dir: str
     run_name: str
@@ -341,7 +342,8 @@ class Config:
                          "fedade-rounds-per-step", "fedade-batch", "fedade-steps", "fedade-pretrain-epochs",
                          "fedxds-warmup-rounds",  # FedXDS shares in its last warm-up round
                          "ditto-personal-epochs")
-        for key in ("distill-epochs", "fedcc-ssl-epochs", "fedrep-head-epochs", "finetune-epochs"):
+        for key in ("distill-epochs", "fedcc-ssl-epochs", "fedrep-head-epochs", "finetune-epochs",
+                    "fedmr-first-stage"):
             if getattr(self, key.replace("-", "_")) < 0:
                 raise ConfigError(key, getattr(self, key.replace("-", "_")), "must be an integer >= 0")
         for key in positive_ints:

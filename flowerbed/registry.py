@@ -47,6 +47,7 @@ from flowerbed.strategies.feddf import FedDFStrategy
 from flowerbed.strategies.feddyn import FedDynStrategy
 from flowerbed.strategies.fedfew import FedFewStrategy
 from flowerbed.strategies.fedmd import FedMDStrategy
+from flowerbed.strategies.fedmr import FedMRStrategy
 from flowerbed.strategies.fednova import FedNovaStrategy
 from flowerbed.strategies.fedrep import FedRepStrategy
 from flowerbed.strategies.fedx import FedXStrategy
@@ -90,6 +91,8 @@ METHODS: dict[str, Method] = {
                "FedSAM (Qu et al., 2022): FedAvg, sharpness-aware minimisation as the local step"),
         Method("fedvls", FedAvgStrategy, FedVLSClient, make_model,
                "FedVLS (Guo et al., 2024): FedAvg, vacant-class distillation + logit suppression"),
+        Method("fedmr", FedMRStrategy, FedAvgClient, make_model,
+               "FedMR (Hu et al., 2024): a pool of local models, recombined layer-wise every round"),
         Method("fedsimclr", SSLStrategy, SimCLRClient, make_ssl_model,
                "FedSimCLR: SimCLR (NT-Xent) locally, FedAvg; linear probe"),
         Method("fedbyol", SSLStrategy, BYOLClient, make_ssl_model,

@@ -373,10 +373,11 @@ COVERED_BY = {"fedprox": "fedavg", "fedavg-ft": "fedavg", "fedsimclr": "fedx", "
               "feddf": "fedmd", "ditto": "fedavg", "apfl": "fedavg", "feddyn": "scaffold",
               "fedamp": "fedrep", "fednova": "fedavg",
               "fedlc": "fedavg", "fedrs": "fedavg", "fedsam": "fedavg",
-              "fedvls": "fedavg"}  # Ditto, APFL: FedAvg's
+              "fedvls": "fedavg", "fedmr": "fedrep"}  # Ditto, APFL: FedAvg's
 # messages; their personal model is an ArrayRecord in context.state (APFL's alpha a MetricRecord), filed
 # and read back as Local's and FedMD's are. FedDyn: SCAFFOLD's (a state adopted once the server names the
-# round it took). FedAMP: a model of its own for each node, as FedRep's. FedNova: FedAvg's, with one more
+# round it took). FedAMP, FedMR: a model of its own for each node, as FedRep's (FedMR's client is FedAvg's,
+# stateless). FedNova: FedAvg's, with one more
 # metric. FedLC, FedRS, FedSAM, FedVLS: FedAvg's, another local step. FedMoCo: FedBYOL's messages; its key
 # encoder is filed as BYOL's target is, with one more record (the queue), which its in-process resume test
 # brings back
