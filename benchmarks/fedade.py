@@ -1,10 +1,13 @@
-"""Fed-ADE vs fixed learning rates, no adaptation, local-only adaptation and the ablations.
+"""Fed-ADE vs fixed learning rates, no adaptation, local-only adaptation, FTH and the ablations.
 
 Fashion-MNIST, a CNN pre-trained on 80 % of the training set, 10 clients on the remaining 20 %
 (label mixes from Dirichlet 0.1), T time steps x R rounds, 50 samples per client and step, the
 same streams and seeds for every variant. Reports the average online accuracy (after each
 step's rounds, pooled over clients), the predict-then-update accuracy and wall time, and plots
 the online accuracy per time step of each setting (``benchmarks/results/fedade-<shift>-<schedule>.png``).
+FTH (Follow The History, one of the paper's localised online label-shift baselines) does not train:
+each client reweights the pre-trained model's softmax by the mean of its BBSE estimates of the past
+steps' label mixes.
 Targets (issue #6): label shift lin and ber: Fed-ADE >= FixLR(mid) + 1 pp and >= no adaptation;
 covariate shift lin: >= FixLR(mid); Fed-ADE's wall time <= 1.2 x FixLR's.
 Usage: .venv/bin/python -m benchmarks.fedade [--steps 20] [--rounds-per-step 2]
@@ -49,11 +52,12 @@ VARIANTS = [
     "fedade@fedade-sync=false",
     "fedade@fedade-estimators='rep'",
     "fedade@fedade-estimators='unc'",
+    "fedade@fedade-lr-mode='none'@fedade-correction='fth'",
 ]
 NAMES = ["Fed-ADE", "FixLR(low)", "FixLR(mid)", "FixLR(high)", "no adaptation", "local-only",
-         "w/o S_unc", "w/o S_rep"]
+         "w/o S_unc", "w/o S_rep", "FTH"]
 SETTINGS = [("label", "lin"), ("label", "ber"), ("covariate", "lin")]
-PLOTTED = ["Fed-ADE", "FixLR(low)", "FixLR(mid)", "FixLR(high)", "no adaptation"]
+PLOTTED = ["Fed-ADE", "FixLR(low)", "FixLR(mid)", "FixLR(high)", "no adaptation", "FTH"]
 
 
 def plot_setting(runs: Path, shift: str, sched: str) -> Path:

@@ -257,6 +257,7 @@ class Config:
     fedade_unc: str
     fedade_rep_ref: str
     fedade_risk: str
+    fedade_correction: str
     fedade_steps: int
     fedade_sync: bool
     fedade_pretrain_epochs: int
@@ -401,10 +402,14 @@ class Config:
                    "fedade-lr-mode": ("adaptive", "fixed", "none"),
                    "fedade-estimators": ("both", "unc", "rep"), "fedade-unc": ("softmax", "hist"),
                    "fedade-rep-ref": ("previous", "ema"), "fedade-risk": ("entropy", "bbse"),
+                   "fedade-correction": ("none", "fth"),
                    "fedade-pixels": ("standardised", "raw")}
         for key, allowed in choices.items():
             if getattr(self, key.replace("-", "_")) not in allowed:
                 raise ConfigError(key, getattr(self, key.replace("-", "_")), f"use {' | '.join(allowed)}")
+        if self.fedade_correction == "fth" and self.fedade_lr_mode != "none":
+            raise ConfigError("fedade-correction", "fth", "FTH reweights the predictions of a model it "
+                              f"never trains: set fedade-lr-mode='none' (not '{self.fedade_lr_mode}')")
         if not 0 <= self.fedade_ber_p <= 1:
             raise ConfigError("fedade-ber-p", self.fedade_ber_p, "must be a probability in [0, 1]")
         if self.fedade_fixed_lr < 0:

@@ -358,3 +358,75 @@ def test_bbse_risk_is_the_reweighted_class_risk():
     q0 = conf.sum(0)
     want = sum(w[y] * q0[y] * ce[ry.numpy() == y].mean() for y in range(2))
     assert got == pytest.approx(want, rel=1e-5)
+
+
+# ------------------------------------------------ FTH (Follow The History), a paper baseline
+
+
+def test_reweighted_predictions_follow_the_weights_and_keep_a_finite_loss():
+    from flowerbed.clients.fedade import reweighted
+
+    logits = torch.tensor([[2.0, 1.0, 0.0], [0.0, 0.5, 1.0]])
+    assert torch.allclose(reweighted(logits, None), torch.log_softmax(logits, 1))
+    assert torch.allclose(reweighted(logits, np.ones(3)), torch.log_softmax(logits, 1))
+    w = np.array([0.0, 4.0, 1.0])  # class 0 estimated absent
+    logp = reweighted(logits, w)
+    p = torch.softmax(logits, 1) * torch.tensor([1e-8, 4.0, 1.0])
+    assert torch.allclose(logp.exp(), p / p.sum(1, keepdim=True), atol=1e-6)
+    assert logp.argmax(1).tolist() == [1, 1] and torch.isfinite(logp).all()
+
+
+def test_fth_weights_are_the_mean_bbse_estimate_of_the_past_steps():
+    """p̂_t / q0 with p̂_t the mean of steps 0..t-1's BBSE estimates, each made once (kept in
+    context.state), and weights 1 at step 0."""
+    from flowerbed.clients.fedade import FTH, FedADEClient, bbse_estimate
+
+    conf = np.array([[0.5, 0.1], [0.1, 0.3]])  # q0 = [0.6, 0.4]
+    batches = {0: torch.tensor([[1.0, 0.0]] * 3 + [[0.0, 1.0]]),  # predicted 0, 0, 0, 1
+               1: torch.tensor([[0.0, 1.0]] * 4), 2: torch.tensor([[1.0, 0.0]] * 4)}
+    made = []
+
+    def step_batch(t):
+        made.append(t)
+        return batches[t], None
+
+    me = SimpleNamespace(cfg=_ade_cfg(**{"fedade-lr-mode": "none", "fedade-correction": "fth",
+                                         "num-server-rounds": 8}),  # 4 steps
+                         context=Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                                         run_config={}), step_batch=step_batch)
+    msg = SimpleNamespace(content={"bbse": {"confusion": Array(conf)}})
+    model = nn.Identity()
+    assert FedADEClient.fth_weights(me, model, msg, 0).tolist() == [1.0, 1.0] and made == []
+    e0, e1 = bbse_estimate(conf, np.array([0.75, 0.25])), bbse_estimate(conf, np.array([0.0, 1.0]))
+    got = FedADEClient.fth_weights(me, model, msg, 2)
+    assert got == pytest.approx((e0 + e1) / 2 / conf.sum(0)) and made == [0, 1]
+    assert FedADEClient.fth_weights(me, model, msg, 1) == pytest.approx(e0 / conf.sum(0))
+    assert made == [0, 1] and int(me.context.state[FTH]["done"].numpy()[0]) == 2  # not redone
+    FedADEClient.fth_weights(me, model, msg, 3)
+    assert made == [0, 1, 2]
+
+
+def test_fth_runs_on_a_fixed_model_and_scores_with_reweighted_predictions():
+    from flowerbed.config import ConfigError
+    from flowerbed.strategies.fedade import FedADEStrategy
+
+    with pytest.raises(ConfigError, match="'fedade-correction' = 'fth'.*fedade-lr-mode='none'"):
+        Config.from_run_config({**SMALL, "fedade-correction": "fth"})
+    cfg = Config.from_run_config({**SMALL, "fedade-lr-mode": "none", "fedade-correction": "fth",
+                                  "num-server-rounds": 6})
+    strategy = FedADEStrategy(cfg)
+    arrays = strategy.initial_arrays(None)
+    ctx = Context(run_id=1, node_id=2, node_config={"partition-id": 1, "num-partitions": 3},
+                  state=RecordDict(), run_config=cfg.to_run_config())
+    client = METHODS["fedade"].client(cfg, ctx)
+    content = strategy.eval_content(arrays)
+    assert set(content["bbse"]) == {"confusion"}  # what FTH needs, in every evaluation message
+    content["config"] = ConfigRecord({"server-round": 4, "fedade-step": 1})
+    m = client.evaluate(sent(2, content, "evaluate")).content["metrics"]
+    model = client.model_for(sent(2, content, "evaluate")).eval()
+    x, y = client.step_batch(1)
+    w = client.fth_weights(model, sent(2, content, "evaluate"), 1)
+    with torch.no_grad():
+        probs = torch.softmax(model(x), 1) * torch.as_tensor(np.maximum(w, 1e-8), dtype=torch.float32)
+    assert m["accuracy"] == pytest.approx(float((probs.argmax(1) == y).float().mean()))
+    assert math.isfinite(m["loss"]) and not np.allclose(w, 1.0)

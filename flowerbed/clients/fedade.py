@@ -17,6 +17,11 @@ At time step t (one Flower round per (t, round within t)) the client regenerates
   reference set shipped with M;
 - SGD steps: ``fedade-steps`` full-batch steps on the personal layers, then as many on all.
 
+With ``fedade-correction='fth'`` (FTH, Follow The History, Wu et al. 2021: one of the paper's
+localised online label-shift baselines, run with ``fedade-lr-mode='none'``) the client does not
+train: it reweights the fixed model's softmax by p̂_t / q_0, p̂_t the mean of its BBSE estimates
+of the label mix of steps 0 … t−1 (weights 1 at step 0), the estimates kept in ``context.state``.
+
 Personal layers and the estimator buffers live in ``context.state``; only the shared layers are
 uploaded. Labels are read only to score predictions.
 """
@@ -36,16 +41,27 @@ from flowerbed.pretrain import pools
 from flowerbed.training import to_record
 
 PERSONAL, SHARED_OWN, BUFFERS = "fedade.personal", "fedade.shared", "fedade.buffers"
+FTH = "fedade.fth"  # the BBSE estimate of each step's label mix, and how many steps it holds
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(F.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0))
 
 
-def correct(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
-    """How many of ``x`` the model (in eval mode) labels ``y``."""
+def correct(model: nn.Module, x: torch.Tensor, y: torch.Tensor, w: np.ndarray | None = None) -> int:
+    """How many of ``x`` the model (in eval mode) labels ``y``, its softmax reweighted by ``w``."""
     with torch.no_grad():
-        return int((model(x).argmax(1) == y).sum())
+        return int((reweighted(model(x), w).argmax(1) == y).sum())
+
+
+def reweighted(logits: torch.Tensor, w: np.ndarray | None) -> torch.Tensor:
+    """Log-probabilities of softmax(logits) · w, renormalised (the logits' own without ``w``).
+    A weight of 0 (a class BBSE estimates absent) counts as 1e-8, so that a sample of that
+    class has a finite loss."""
+    if w is None:
+        return torch.log_softmax(logits, 1)
+    log_w = torch.log(torch.as_tensor(np.maximum(w, 1e-8), dtype=logits.dtype, device=logits.device))
+    return torch.log_softmax(logits + log_w, 1)
 
 
 def lr_from(s: float, lr_min: float, lr_max: float) -> float:
@@ -53,18 +69,21 @@ def lr_from(s: float, lr_min: float, lr_max: float) -> float:
     return lr_min + (lr_max - lr_min) * float(np.clip(s, 0.0, 1.0))
 
 
-def bbse_weights(conf: np.ndarray, pred_freq: np.ndarray) -> np.ndarray:
-    """Label-shift weights Q̂_y / q_0,y from M[ŷ, y] = P(ŷ, y) and predicted frequencies q̂_ŷ.
+def bbse_estimate(conf: np.ndarray, pred_freq: np.ndarray) -> np.ndarray:
+    """BBSE's label mix Q̂ from M[ŷ, y] = P(ŷ, y) and predicted frequencies q̂_ŷ.
 
     Q̂ = M_c⁻¹ q̂ with M_c = M / q_0 (column-normalised, P(ŷ | y)), solved by least squares,
     projected onto the simplex (clip at 0, renormalise).
     """
-    q0 = conf.sum(0)
-    cond = conf / np.maximum(q0, 1e-12)
+    cond = conf / np.maximum(conf.sum(0), 1e-12)
     q, *_ = np.linalg.lstsq(cond, pred_freq, rcond=None)
     q = np.clip(q, 0, None)
-    q = q / q.sum() if q.sum() > 0 else np.full_like(q, 1 / len(q))
-    return q / np.maximum(q0, 1e-12)
+    return q / q.sum() if q.sum() > 0 else np.full_like(q, 1 / len(q))
+
+
+def bbse_weights(conf: np.ndarray, pred_freq: np.ndarray) -> np.ndarray:
+    """Label-shift weights Q̂_y / q_0,y (:func:`bbse_estimate`)."""
+    return bbse_estimate(conf, pred_freq) / np.maximum(conf.sum(0), 1e-12)
 
 
 class FedADEClient(Client):
@@ -132,6 +151,30 @@ class FedADEClient(Client):
             "q": Array(q.cpu().numpy()), "z": Array(z.cpu().numpy()),
             "t": Array(np.array([t], np.int64)), "s": Array(np.array([s_unc, s_rep]))})
         return s_unc, s_rep
+
+    def fth_weights(self, model: nn.Module, msg: Message, t: int) -> np.ndarray | None:
+        """FTH's weights p̂_t / q_0 for step ``t`` (None without ``fedade-correction='fth'``):
+        p̂_t the mean BBSE estimate over steps 0 … t−1, each made once from that step's batch
+        (regenerated) with the model, which FTH never trains; 1 at step 0."""
+        if self.cfg.fedade_correction != "fth":
+            return None
+        conf = msg.content["bbse"]["confusion"].numpy()
+        c = conf.shape[0]
+        rec = self.context.state.array_records.get(FTH)
+        est = rec["est"].numpy().copy() if rec is not None else np.zeros((num_steps(self.cfg), c))
+        done = int(rec["done"].numpy()[0]) if rec is not None else 0
+        if done < t:
+            model.eval()
+            for tau in range(done, t):
+                x, _ = self.step_batch(tau)
+                with torch.no_grad():
+                    pred = model(x).argmax(1).cpu().numpy()
+                est[tau] = bbse_estimate(conf, np.bincount(pred, minlength=c) / len(pred))
+            self.context.state[FTH] = ArrayRecord({"est": Array(est),
+                                                   "done": Array(np.array([t], np.int64))})
+        if t == 0:
+            return np.ones(c)
+        return est[:t].mean(0) / np.maximum(conf.sum(0), 1e-12)
 
     def learning_rate(self, s_unc: float, s_rep: float) -> float:
         cfg = self.cfg
@@ -203,12 +246,13 @@ class FedADEClient(Client):
         model = self.model_for(msg).eval()
         x, y, t = self.batch(msg)
         with torch.no_grad():
-            out = model(x)
-        metrics = {"num-examples": len(y), "accuracy": float((out.argmax(1) == y).float().mean()),
-                   "loss": float(F.cross_entropy(out, y)), "time-step": t}
+            logp = reweighted(model(x), self.fth_weights(model, msg, t))
+        metrics = {"num-examples": len(y), "accuracy": float((logp.argmax(1) == y).float().mean()),
+                   "loss": float(F.nll_loss(logp, y)), "time-step": t}
         if t + 1 < num_steps(self.cfg):
             xn, yn = self.step_batch(t + 1)
-            metrics.update({"next-correct": correct(model, xn, yn), "next-n": len(yn)})
+            metrics.update({"next-correct": correct(model, xn, yn, self.fth_weights(model, msg, t + 1)),
+                            "next-n": len(yn)})
         return self.reply(msg, metrics)
 
 

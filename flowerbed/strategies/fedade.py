@@ -8,7 +8,8 @@ FedRep's body). At the end of each step every client scores its current model on
 the predict-then-update accuracy (``pre-accuracy``) of the next step, recorded in that step's
 first round. For step 0 it comes from the clients sampled in round 1, which score the
 pre-trained model (every client's model then) before adapting. With ``fedade-risk =
-bbse`` every training message carries the confusion matrix and a small labelled reference set.
+bbse`` every training message carries the confusion matrix and a small labelled reference set;
+with ``fedade-correction = fth`` every evaluation message carries the confusion matrix.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class FedADEStrategy(FedRepStrategy):
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.bbse: ArrayRecord | None = None
+        self.fth: ArrayRecord | None = None
         self._pretrained: ArrayRecord | None = None
         self._next_pre: float | None = None
 
@@ -71,8 +73,8 @@ class FedADEStrategy(FedRepStrategy):
         net = pretrained(self.cfg)
         if self.model is not None:
             self.model.load_state_dict(net.state_dict())
+        _, held, _ = pools(self.cfg)
         if self.cfg.fedade_risk == "bbse":
-            _, held, _ = pools(self.cfg)
             y = held.y.numpy()
             rng = np.random.default_rng([self.cfg.seed, 82])
             ref = np.concatenate([rng.permutation(np.flatnonzero(y == c))[:REF_PER_CLASS]
@@ -80,6 +82,8 @@ class FedADEStrategy(FedRepStrategy):
             self.bbse = ArrayRecord({"confusion": Array(confusion(net, held)),
                                      "ref_x": Array(held.x[ref].numpy()),
                                      "ref_y": Array(y[ref].astype(np.int64))})
+        if self.cfg.fedade_correction == "fth":
+            self.fth = ArrayRecord({"confusion": Array(confusion(net, held))})
         self._pretrained = to_record(net)
         return self._pretrained
 
@@ -90,6 +94,12 @@ class FedADEStrategy(FedRepStrategy):
         content = super().train_content(server_round, arrays, config)
         if self.bbse is not None:
             content["bbse"] = self.bbse
+        return content
+
+    def eval_content(self, arrays: ArrayRecord) -> RecordDict:
+        content = super().eval_content(arrays)
+        if self.fth is not None:
+            content["bbse"] = self.fth
         return content
 
     def check_reply(self, reply: Message, is_train: bool) -> str | None:
