@@ -377,9 +377,9 @@ def test_reweighted_predictions_follow_the_weights_and_keep_a_finite_loss():
 
 
 def test_fth_weights_are_the_mean_bbse_estimate_of_the_past_steps():
-    """p̂_t / q0 with p̂_t the mean of steps 0..t-1's BBSE estimates, each made once (kept in
-    context.state), and weights 1 at step 0."""
-    from flowerbed.clients.fedade import FTH, FedADEClient, bbse_estimate
+    """p̂_t / q0 with p̂_t the mean of steps 0..t-1's unprojected BBSE estimates, projected onto
+    the simplex, each made once (kept in context.state), and weights 1 at step 0."""
+    from flowerbed.clients.fedade import FTH, FedADEClient, bbse_raw, to_simplex
 
     conf = np.array([[0.5, 0.1], [0.1, 0.3]])  # q0 = [0.6, 0.4]
     batches = {0: torch.tensor([[1.0, 0.0]] * 3 + [[0.0, 1.0]]),  # predicted 0, 0, 0, 1
@@ -397,10 +397,11 @@ def test_fth_weights_are_the_mean_bbse_estimate_of_the_past_steps():
     msg = SimpleNamespace(content={"bbse": {"confusion": Array(conf)}})
     model = nn.Identity()
     assert FedADEClient.fth_weights(me, model, msg, 0).tolist() == [1.0, 1.0] and made == []
-    e0, e1 = bbse_estimate(conf, np.array([0.75, 0.25])), bbse_estimate(conf, np.array([0.0, 1.0]))
+    e0, e1 = bbse_raw(conf, np.array([0.75, 0.25])), bbse_raw(conf, np.array([0.0, 1.0]))
+    assert e1.min() < 0  # an unbiased estimate can leave the simplex: averaged first, then projected
     got = FedADEClient.fth_weights(me, model, msg, 2)
-    assert got == pytest.approx((e0 + e1) / 2 / conf.sum(0)) and made == [0, 1]
-    assert FedADEClient.fth_weights(me, model, msg, 1) == pytest.approx(e0 / conf.sum(0))
+    assert got == pytest.approx(to_simplex((e0 + e1) / 2) / conf.sum(0)) and made == [0, 1]
+    assert FedADEClient.fth_weights(me, model, msg, 1) == pytest.approx(to_simplex(e0) / conf.sum(0))
     assert made == [0, 1] and int(me.context.state[FTH]["done"].numpy()[0]) == 2  # not redone
     FedADEClient.fth_weights(me, model, msg, 3)
     assert made == [0, 1, 2]

@@ -19,8 +19,9 @@ At time step t (one Flower round per (t, round within t)) the client regenerates
 
 With ``fedade-correction='fth'`` (FTH, Follow The History, Wu et al. 2021: one of the paper's
 localised online label-shift baselines, run with ``fedade-lr-mode='none'``) the client does not
-train: it reweights the fixed model's softmax by p̂_t / q_0, p̂_t the mean of its BBSE estimates
-of the label mix of steps 0 … t−1 (weights 1 at step 0), the estimates kept in ``context.state``.
+train: it reweights the fixed model's softmax by p̂_t / q_0, p̂_t the mean of its (unbiased,
+unprojected) BBSE estimates of the label mix of steps 0 … t−1, projected onto the simplex
+(weights 1 at step 0), the estimates kept in ``context.state``.
 
 Personal layers and the estimator buffers live in ``context.state``; only the shared layers are
 uploaded. Labels are read only to score predictions.
@@ -69,16 +70,23 @@ def lr_from(s: float, lr_min: float, lr_max: float) -> float:
     return lr_min + (lr_max - lr_min) * float(np.clip(s, 0.0, 1.0))
 
 
-def bbse_estimate(conf: np.ndarray, pred_freq: np.ndarray) -> np.ndarray:
-    """BBSE's label mix Q̂ from M[ŷ, y] = P(ŷ, y) and predicted frequencies q̂_ŷ.
-
-    Q̂ = M_c⁻¹ q̂ with M_c = M / q_0 (column-normalised, P(ŷ | y)), solved by least squares,
-    projected onto the simplex (clip at 0, renormalise).
-    """
+def bbse_raw(conf: np.ndarray, pred_freq: np.ndarray) -> np.ndarray:
+    """BBSE's unbiased, unprojected label-mix estimate from M[ŷ, y] = P(ŷ, y) and predicted
+    frequencies q̂_ŷ: M_c⁻¹ q̂ with M_c = M / q_0 (column-normalised, P(ŷ | y)), by least squares."""
     cond = conf / np.maximum(conf.sum(0), 1e-12)
     q, *_ = np.linalg.lstsq(cond, pred_freq, rcond=None)
+    return q
+
+
+def to_simplex(q: np.ndarray) -> np.ndarray:
+    """A label mix from an estimate: clipped at 0, renormalised (uniform if nothing is left)."""
     q = np.clip(q, 0, None)
     return q / q.sum() if q.sum() > 0 else np.full_like(q, 1 / len(q))
+
+
+def bbse_estimate(conf: np.ndarray, pred_freq: np.ndarray) -> np.ndarray:
+    """BBSE's label mix Q̂: :func:`bbse_raw` projected onto the simplex (clip, renormalise)."""
+    return to_simplex(bbse_raw(conf, pred_freq))
 
 
 def bbse_weights(conf: np.ndarray, pred_freq: np.ndarray) -> np.ndarray:
@@ -154,8 +162,9 @@ class FedADEClient(Client):
 
     def fth_weights(self, model: nn.Module, msg: Message, t: int) -> np.ndarray | None:
         """FTH's weights p̂_t / q_0 for step ``t`` (None without ``fedade-correction='fth'``):
-        p̂_t the mean BBSE estimate over steps 0 … t−1, each made once from that step's batch
-        (regenerated) with the model, which FTH never trains; 1 at step 0."""
+        p̂_t the mean of the unbiased (unprojected) BBSE estimates of steps 0 … t−1, projected
+        onto the simplex, each made once from that step's batch (regenerated) with the model,
+        which FTH never trains; 1 at step 0."""
         if self.cfg.fedade_correction != "fth":
             return None
         conf = msg.content["bbse"]["confusion"].numpy()
@@ -169,12 +178,12 @@ class FedADEClient(Client):
                 x, _ = self.step_batch(tau)
                 with torch.no_grad():
                     pred = model(x).argmax(1).cpu().numpy()
-                est[tau] = bbse_estimate(conf, np.bincount(pred, minlength=c) / len(pred))
+                est[tau] = bbse_raw(conf, np.bincount(pred, minlength=c) / len(pred))
             self.context.state[FTH] = ArrayRecord({"est": Array(est),
                                                    "done": Array(np.array([t], np.int64))})
         if t == 0:
             return np.ones(c)
-        return est[:t].mean(0) / np.maximum(conf.sum(0), 1e-12)
+        return to_simplex(est[:t].mean(0)) / np.maximum(conf.sum(0), 1e-12)
 
     def learning_rate(self, s_unc: float, s_rep: float) -> float:
         cfg = self.cfg
