@@ -22,7 +22,7 @@ PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "svhn")
 MODELS = ("cnn", "resnet8", "resnet18")
 PARTITION_KINDS = ("iid", "dirichlet", "pathological", "shards")
-FEDX_BASES = ("simclr", "byol", "moco")
+FEDX_BASES = ("simclr", "byol", "fedu", "moco")
 DISTILL_METHODS = ("fedcc", "feddf", "fedmd")
 #: methods scored by personalised accuracy on the clients' local test splits
 PERSONAL_METHODS = ("fedfew", "ifca", "fedrep", "ditto", "apfl", "fedamp", "local", "fedavg-ft")
@@ -117,12 +117,12 @@ class Partition:
 #: method missing here hides a real difference: tests/test_resume.py checks that every method's
 #: runs read no key outside this. The ServerApp warns of a key set for a method not reading it.
 KEY_READERS: dict[str, tuple[str, ...]] = {
-    **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedade", "fedfew", "fedu", "fedrep", "ditto",
+    **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedade", "fedfew", "fedrep", "ditto",
                           "apfl", "fedamp", "feddyn", "scaffold", "fedlc", "fedrs", "fedsam",
                           "fedvls", "fedmr")},
     "probe": SSL_METHODS, "ssl": SSL_METHODS,
     "ssl-tau": ("fedsimclr", "fedmoco", "fedx"),  # NT-Xent's and InfoNCE's temperature
-    "byol": ("fedbyol", "fedu", "fedx"), "moco": ("fedmoco", "fedx"),
+    "byol": ("fedbyol", "fedu", "fedx"), "moco": ("fedmoco", "fedx"), "fedu": ("fedu", "fedx"),
     "distill": DISTILL_METHODS, "hetero": DISTILL_METHODS,
     "proximal-mu": ("fedprox",), "finetune": ("fedavg-ft",), "num-models": ("fedfew", "ifca"),
 }
@@ -448,9 +448,9 @@ class Config:
             raise ConfigError("fedx-relational", self.fedx_relational, "use official or js")
         if self.fedx_head not in ("shared", "separate"):
             raise ConfigError("fedx-head", self.fedx_head, "use shared or separate")
-        if self.fedx_head == "separate" and (self.method, self.fedx_base) != ("fedx", "byol"):
+        if self.fedx_head == "separate" and (self.method != "fedx" or self.fedx_base not in ("byol", "fedu")):
             raise ConfigError("fedx-head", self.fedx_head, "'separate' needs method='fedx' with "
-                              "fedx-base='byol' (over SimCLR and MoCo the prediction head "
+                              "fedx-base='byol' or 'fedu' (over SimCLR and MoCo the prediction head "
                               "serves only FedX's global terms already)")
         for key in ("lr", "scaffold-server-lr", "round-timeout", "probe-lr", "ssl-tau",
                     "fedx-tau-target", "fedx-tau-local", "fedu-mu", "distill-lr", "fedfew-mu",

@@ -85,6 +85,7 @@ def make_client(method, **extra):
                                           ("fedmoco", {}), ("fedx", {"fedx-base": "moco"}),
                                           ("fedx", {"fedx-base": "simclr"}),
                                           ("fedx", {"fedx-base": "byol"}),
+                                          ("fedx", {"fedx-base": "fedu"}),
                                           ("fedx", {"fedx-base": "byol", "ssl-head-bn": True,
                                                     "fedx-head": "separate"})])
 def test_ssl_clients_never_see_labels(method, extra):
@@ -93,7 +94,7 @@ def test_ssl_clients_never_see_labels(method, extra):
     out = client.train(msg)  # cross-entropy on a -1 label would raise here
     assert set(out.content.array_records) == {"arrays"}
     assert np.isfinite(out.content["metrics"]["train-loss"])
-    if method in ("fedbyol", "fedu") or extra.get("fedx-base") == "byol":
+    if method in ("fedbyol", "fedu") or extra.get("fedx-base") in ("byol", "fedu"):
         assert TARGET in ctx.state.array_records  # the EMA target stays on the client
     if method == "fedmoco" or extra.get("fedx-base") == "moco":
         assert {KEY_ENCODER, QUEUE} <= set(ctx.state.array_records)  # key encoder and queue too
@@ -303,3 +304,31 @@ def test_byol_target_gets_no_gradient():
     z = torch.tensor([[0.2, 1.0]], requires_grad=True)
     byol_loss(p, z).backward()
     assert p.grad is not None and z.grad is None
+
+
+def test_fedx_over_fedu_keeps_fedus_predictor_rule_and_adds_the_global_terms():
+    """fedx-base='fedu': a client whose last local encoder diverged keeps its own predictor (FedU),
+    its frozen global copy is the received encoder and projector, and FedX's terms are added."""
+    from flowerbed.clients.fedu import LOCAL
+    from flowerbed.clients.fedx import FedXFedUClient
+
+    client, model, msg, ctx = make_client("fedx", **{"fedx-base": "fedu", "fedu-mu": 0.5})
+    assert isinstance(client, FedXFedUClient)
+    received = {k: v.clone() for k, v in model.state_dict().items()}
+    local = {k: v + 1.0 if v.is_floating_point() else v for k, v in received.items()}
+    ctx.state[LOCAL] = ArrayRecord(local)
+    client.prepare(model, msg)
+    assert client.divergence > 0.5
+    sd, gsd = model.state_dict(), client.global_model.state_dict()
+    assert torch.equal(sd["predictor.0.weight"], local["predictor.0.weight"])  # kept its own
+    assert torch.equal(sd["projector.0.weight"], received["projector.0.weight"])  # global encoder
+    assert torch.equal(gsd["projector.0.weight"], received["projector.0.weight"])
+    assert not client.global_model.training
+    x = client.train_data.normalise(client.train_data.x[:8])
+    v = client.views(model, x, x.flip(3), x.roll(1, 0))
+    with_kd = client.loss(model, v, x, x.flip(3), x.roll(1, 0))
+    bare = METHODS["fedu"].client(client.cfg, ctx)
+    bare.prepare(model, msg)
+    assert with_kd.item() > bare.loss(model, v, x, x.flip(3), x.roll(1, 0)).item()
+    with pytest.raises(ConfigError, match="fedx-base='byol' or 'fedu'"):
+        Config.from_run_config({"method": "fedx", "fedx-base": "simclr", "fedx-head": "separate"})

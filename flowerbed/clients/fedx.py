@@ -1,14 +1,15 @@
 """FedX (Han et al., ECCV 2022): local and global cross knowledge distillation, as an add-on.
 
-On top of the base method's loss (``fedx-base``: SimCLR's NT-Xent, BYOL's regression or MoCo's
-InfoNCE against its queue):
+On top of the base method's loss (``fedx-base``: SimCLR's NT-Xent, BYOL's regression, FedU's
+(BYOL's regression, the predictor kept locally when the client has diverged) or MoCo's InfoNCE
+against its queue):
 
     L_local  = base + JS(z1, z2; A = zr; τ, τ_s)                     (``fedx-local-kd``)
     L_global = NTXent(p1, z2ᵍ; τ) + JS(p1, p2; A = zrᵍ; τ, τ_t)      (``fedx-global-kd``)
 
 z are local projections, p local predictions, ·ᵍ projections of a frozen copy of the received
 global model (eval mode, no gradient); the anchor set A is an independent random batch of the
-client's own data. Over BYOL, p comes from BYOL's predictor (``fedx-head='shared'``) or from a
+client's own data. Over BYOL and FedU, p comes from BYOL's predictor (``fedx-head='shared'``) or from a
 prediction head of FedX's own (``'separate'``: the paper's "additional prediction head"). JS is
 :func:`flowerbed.losses.relational_loss` in the ``fedx-relational`` form. All weights are 1, as
 in the official code.
@@ -24,6 +25,7 @@ from flwr.app import Context, Message
 from flowerbed.clients.fedbyol import BYOLClient
 from flowerbed.clients.fedmoco import MoCoClient
 from flowerbed.clients.fedsimclr import SimCLRClient, SSLClient
+from flowerbed.clients.fedu import FedUClient
 from flowerbed.config import Config
 from flowerbed.losses import nt_xent, relational_loss
 from flowerbed.models.ssl import SSLNet
@@ -63,12 +65,17 @@ class FedXBYOLClient(FedXMixin, BYOLClient):
     """FedX on FedBYOL."""
 
 
+class FedXFedUClient(FedXMixin, FedUClient):
+    """FedX on FedU (one of the paper's bases): FedU's predictor rule, then FedX's frozen copy of
+    the received encoder and projector (the global terms never read the copy's predictor)."""
+
+
 class FedXMoCoClient(FedXMixin, MoCoClient):
     """FedX on FedMoCo (the predictor, which MoCo does not use, is FedX's prediction head)."""
 
 
 BASES: dict[str, type[SSLClient]] = {"simclr": FedXSimCLRClient, "byol": FedXBYOLClient,
-                                     "moco": FedXMoCoClient}
+                                     "fedu": FedXFedUClient, "moco": FedXMoCoClient}
 
 
 def fedx_client(cfg: Config, context: Context) -> SSLClient:
