@@ -7,7 +7,9 @@ step's rounds, pooled over clients), the predict-then-update accuracy and wall t
 the online accuracy per time step of each setting (``benchmarks/results/fedade-<shift>-<schedule>.png``).
 FTH (Follow The History, one of the paper's localised online label-shift baselines) does not train:
 each client reweights the pre-trained model's softmax by the mean of its BBSE estimates of the past
-steps' label mixes.
+steps' label mixes. Its online accuracy is strictly causal (step t scored with estimates of the steps
+before t: the same as its predict-then-update accuracy); the other variants' online accuracy scores a
+model already adapted to step t's unlabelled batch.
 Targets (issue #6): label shift lin and ber: Fed-ADE >= FixLR(mid) + 1 pp and >= no adaptation;
 covariate shift lin: >= FixLR(mid); Fed-ADE's wall time <= 1.2 x FixLR's.
 Usage: .venv/bin/python -m benchmarks.fedade [--steps 20] [--rounds-per-step 2]

@@ -9,12 +9,14 @@ from flowerbed.config import Config, ConfigError
 from flowerbed.strategies.fedmr import FedMRStrategy, recombine
 from tests.conftest import FakeGrid, error_reply, prepared, reply
 
-SHAPES = {"w": (3, 2), "b": (2,), "v": (4,), "u": (1,)}
+SHAPES = {"w": (3, 2), "b": (2,), "v": (4,), "u": (1,), "n": ()}  # n: a 0-d buffer, as BatchNorm's
 NODES = [101, 102, 103]
 
 
 def model(value: float) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.full(s, value, np.float32)) for k, s in SHAPES.items()})
+    """Every tensor at ``value``; "n" is int64, as BatchNorm's num_batches_tracked."""
+    return ArrayRecord({k: Array(np.full(s, value, np.int64 if k == "n" else np.float32))
+                        for k, s in SHAPES.items()})
 
 
 def trained(value: float, n: int) -> RecordDict:
@@ -58,6 +60,7 @@ def test_a_round_trains_the_pool_and_returns_its_unweighted_mean(cfg):
                                                                           strict=True)]
     out, metrics = s.aggregate_train(1, reps)
     assert np.allclose(out["w"].numpy(), 3.0)  # (1 + 2 + 6) / 3, not the sample-weighted 4.3
+    assert out["n"].numpy().dtype == np.int64 and out["n"].numpy() == 3  # the 0-d buffer too
     assert metrics["fedmr-recombined"] == 1 and s.round.ok == [0, 1, 2]
     assert sorted(slots.values()) == [0, 1, 2]
     for k in SHAPES:  # recombined after round 1 (fedmr-first-stage = 0)

@@ -579,8 +579,9 @@ def test_a_message_without_what_the_method_needs_names_it():
 
 
 # every way the server averages models: FedAvg's (which the SSL methods, FedXDS and FedAvg-FT
-# share), FedRep's body merge (Fed-ADE's too), SCAFFOLD's, IFCA's per cluster, FedFew's own update
-BATCHNORM_METHODS = ["fedavg", "fedrep", "scaffold", "ifca", "fedfew"]
+# share), FedRep's body merge (Fed-ADE's too), SCAFFOLD's, IFCA's per cluster, FedFew's own update,
+# FedMR's unweighted pool mean
+BATCHNORM_METHODS = ["fedavg", "fedrep", "scaffold", "ifca", "fedfew", "fedmr"]
 
 
 @pytest.mark.parametrize("method", BATCHNORM_METHODS)

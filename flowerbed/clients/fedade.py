@@ -163,8 +163,9 @@ class FedADEClient(Client):
     def fth_weights(self, model: nn.Module, msg: Message, t: int) -> np.ndarray | None:
         """FTH's weights p̂_t / q_0 for step ``t`` (None without ``fedade-correction='fth'``):
         p̂_t the mean of the unbiased (unprojected) BBSE estimates of steps 0 … t−1, projected
-        onto the simplex, each made once from that step's batch (regenerated) with the model,
-        which FTH never trains; 1 at step 0."""
+        onto the simplex, each made from that step's batch (regenerated) with the model, which
+        FTH never trains, and kept in ``context.state`` (filed at the next training round; a
+        resumed client remakes any it lacks, to the same values); 1 at step 0."""
         if self.cfg.fedade_correction != "fth":
             return None
         conf = msg.content["bbse"]["confusion"].numpy()

@@ -33,7 +33,9 @@ from flowerbed.strategies.base import FlowerbedFedAvg, cast_like, with_record
 
 def uniform_mean(models: list[ArrayRecord]) -> dict[str, np.ndarray]:
     """The unweighted mean of the models, tensor by tensor (float64 sums)."""
-    return {k: np.mean([m[k].numpy().astype(np.float64) for m in models], axis=0) for k in models[0]}
+    # (np.asarray: the mean of 0-d arrays, BatchNorm's num_batches_tracked, is a numpy scalar)
+    return {k: np.asarray(np.mean([m[k].numpy().astype(np.float64) for m in models], axis=0))
+            for k in models[0]}
 
 
 def recombine(models: list[ArrayRecord], rng: np.random.Generator) -> list[ArrayRecord]:
