@@ -124,7 +124,8 @@ KEY_READERS: dict[str, tuple[str, ...]] = {
     "ssl-tau": ("fedsimclr", "fedmoco", "fedx"),  # NT-Xent's and InfoNCE's temperature
     "byol": ("fedbyol", "fedu", "fedx"), "moco": ("fedmoco", "fedx"), "fedu": ("fedu", "fedx"),
     "distill": DISTILL_METHODS, "hetero": DISTILL_METHODS,
-    "proximal-mu": ("fedprox",), "finetune": ("fedavg-ft",), "num-models": ("fedfew", "ifca"),
+    "proximal-mu": ("fedprox", "fedx"),  # FedX: with fedx-global='prox' only
+    "finetune": ("fedavg-ft",), "num-models": ("fedfew", "ifca"),
 }
 
 
@@ -210,6 +211,7 @@ class Config:
     fedx_base: str
     fedx_local_kd: bool
     fedx_global_kd: bool
+    fedx_global: str
     fedx_relational: str
     fedx_head: str
     fedx_tau_target: float
@@ -446,6 +448,8 @@ class Config:
             raise ConfigError("fedx-base", self.fedx_base, f"known bases: {', '.join(FEDX_BASES)}")
         if self.fedx_relational not in ("official", "js"):
             raise ConfigError("fedx-relational", self.fedx_relational, "use official or js")
+        if self.fedx_global not in ("kd", "prox"):
+            raise ConfigError("fedx-global", self.fedx_global, "use kd or prox")
         if self.fedx_head not in ("shared", "separate"):
             raise ConfigError("fedx-head", self.fedx_head, "use shared or separate")
         if self.fedx_head == "separate" and (self.method != "fedx" or self.fedx_base not in ("byol", "fedu")):

@@ -332,3 +332,24 @@ def test_fedx_over_fedu_keeps_fedus_predictor_rule_and_adds_the_global_terms():
     assert with_kd.item() > bare.loss(model, v, x, x.flip(3), x.roll(1, 0)).item()
     with pytest.raises(ConfigError, match="fedx-base='byol' or 'fedu'"):
         Config.from_run_config({"method": "fedx", "fedx-base": "simclr", "fedx-head": "separate"})
+
+
+def test_fedx_global_prox_replaces_the_global_terms_with_fedprox_term():
+    """fedx-global='prox' (the paper's Table 2 comparison): base + local relational loss +
+    (mu/2)||w - w_g||^2 to the received model, without the global contrastive/relational terms."""
+    client, model, msg, _ = make_client("fedx", **{"fedx-global": "prox", "proximal-mu": 0.5})
+    client.prepare(model, msg)
+    x = client.train_data.normalise(client.train_data.x[:8])
+    args = (x, x.flip(3), x.roll(1, 0))
+    no_global = make_client("fedx", **{"fedx-global-kd": False})[0]
+    no_global.prepare(model, msg)
+    v = client.views(model, *args)
+    assert client.loss(model, v, *args).item() == pytest.approx(no_global.loss(model, v, *args).item())
+    with torch.no_grad():
+        model.backbone.conv1.bias.add_(2.0)  # ||w - w_g||^2 = 4 x the bias's size
+    v = client.views(model, *args)
+    extra = 0.5 / 2 * 4.0 * model.backbone.conv1.bias.numel()
+    assert client.loss(model, v, *args).item() == pytest.approx(
+        no_global.loss(model, v, *args).item() + extra, rel=1e-5)
+    with pytest.raises(ConfigError, match="'fedx-global' = 'l2'"):
+        Config.from_run_config({"method": "fedx", "fedx-global": "l2"})

@@ -9,7 +9,9 @@ against its queue):
 
 z are local projections, p local predictions, ·ᵍ projections of a frozen copy of the received
 global model (eval mode, no gradient); the anchor set A is an independent random batch of the
-client's own data. Over BYOL and FedU, p comes from BYOL's predictor (``fedx-head='shared'``) or from a
+client's own data. With ``fedx-global='prox'`` (the paper's Table 2 comparison) L_global is
+instead FedProx's (``proximal-mu``/2)·‖w − w_g‖² to the received model. Over BYOL and FedU, p
+comes from BYOL's predictor (``fedx-head='shared'``) or from a
 prediction head of FedX's own (``'separate'``: the paper's "additional prediction head"). JS is
 :func:`flowerbed.losses.relational_loss` in the ``fedx-relational`` form. All weights are 1, as
 in the official code.
@@ -22,6 +24,7 @@ import copy
 import torch
 from flwr.app import Context, Message
 
+from flowerbed.clients.fedavg import proximal
 from flowerbed.clients.fedbyol import BYOLClient
 from flowerbed.clients.fedmoco import MoCoClient
 from flowerbed.clients.fedsimclr import SimCLRClient, SSLClient
@@ -38,6 +41,7 @@ class FedXMixin:
         super().prepare(model, msg)
         self.global_model = copy.deepcopy(model).eval()
         self.global_model.requires_grad_(False)
+        self.prox = proximal(model, self.cfg.proximal_mu) if self.cfg.fedx_global == "prox" else None
 
     def loss(self, model, v, x1, x2, xr):
         cfg = self.cfg
@@ -45,7 +49,9 @@ class FedXMixin:
         if cfg.fedx_local_kd:
             total = total + relational_loss(v["z1"], v["z2"], v["zr"], cfg.ssl_tau,
                                             cfg.fedx_tau_local, cfg.fedx_relational)
-        if cfg.fedx_global_kd:
+        if cfg.fedx_global_kd and self.prox is not None:
+            total = total + self.prox(model)
+        elif cfg.fedx_global_kd:
             with torch.no_grad():
                 _, zg, _ = self.global_model(torch.cat([x2, xr]))
             zg2, zgr = zg.split([len(x2), len(xr)])
