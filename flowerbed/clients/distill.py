@@ -47,7 +47,7 @@ class DistillClient(Client):
         """The client's own model from its state (a fresh, seeded one in its first round)."""
         if (own := self.state_model(STATE)) is not None:
             return own
-        with torch.random.fork_rng():
+        with torch.random.fork_rng(devices=[]):  # the CPU's only: the model is built there
             torch.manual_seed(self.cfg.seed * 1000 + self.partition_id)
             return self.new_model().to(self.device)
 

@@ -71,7 +71,9 @@ class MoCoClient(MomentumClient):
         if not self.shuffle_bn:
             return super().target_projections(x1, x2)
         x = torch.cat([x1, x2])
-        perm = torch.randperm(len(x), device=x.device)  # torch's RNG: seeded per client and round
+        # torch's CPU RNG, seeded per client and round (on the CPU whatever the device, so that a
+        # GPU run draws the same groups and the same augmentations after them as a CPU run)
+        perm = torch.randperm(len(x)).to(x.device)
         # near-equal groups of at least 2 (train-mode BatchNorm needs two values per channel)
         groups = x[perm].tensor_split(max(1, min(BN_SPLITS, len(x) // 2)))
         with torch.no_grad():

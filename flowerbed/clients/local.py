@@ -21,7 +21,7 @@ class LocalClient(Client):
     def own_model(self) -> nn.Module:
         if (own := self.state_model(STATE)) is not None:
             return own
-        with torch.random.fork_rng():
+        with torch.random.fork_rng(devices=[]):  # the CPU's only: the model is built there
             torch.manual_seed(self.cfg.seed)  # the ServerApp's initialisation of every method
             return self.new_model().to(self.device)
 
