@@ -536,6 +536,18 @@ def normalised(key: str, value: Any) -> Any:
     return str(parse_partition(value)) if key == "partition" else value
 
 
+def normalised_settings(exported: dict[str, Any]) -> dict[str, Any]:
+    """An export's split settings as the run config writes them ('dirichlet:1' as
+    'dirichlet:1.0', 600.0 as 600), each on its own; a value that is no value of its key as it is."""
+    out = {}
+    for k, v in exported.items():
+        try:
+            out[k] = normalised(k, v)
+        except ConfigError:
+            out[k] = v
+    return out
+
+
 def _coerce(key: str, value: Any, typ: Any) -> Any:
     """Convert a TOML value to the field's type, or raise a ConfigError naming the key."""
     name = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))

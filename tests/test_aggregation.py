@@ -1,5 +1,6 @@
 """Server-side logic on replies built here: FedAvg's mean, reply validation, SCAFFOLD's update."""
 
+import json
 
 import numpy as np
 import pytest
@@ -301,6 +302,29 @@ def test_two_nodes_claiming_one_partition_and_silent_nodes_mid_run(cfg, caplog):
     assert "node 3 ignored this round: run-config 'partition-id' = 0" in caplog.text
     s.sample(WhoamiGrid({2: one, 3: zero}), 3, 1.0, 0)  # node 1 left: node 3 takes partition 0
     assert s.node_of == {0: 3, 1: 2}
+
+
+def test_a_node_back_with_other_data_is_ignored_until_it_serves_the_same(cfg, caplog):
+    """Until 2026-12-06 a partition's node that came back reading another folder (or the seeded
+    split) was warned about and trained on it: one run mixed two data sets, and a resume, which
+    checks the data, refused what the attempt had accepted."""
+    a = {"partition": "iid", "train-samples": 600}
+    own = {"partition-id": 0, "num-partitions": 2, "data-dir": "/d0", "exported-with": json.dumps(a)}
+    one = {"partition-id": 1, "num-partitions": 2}
+    s = FedAvgStrategy(cfg)
+    s.discover(WhoamiGrid({1: own, 2: one}))
+    s.running = True
+    other = {**own, "exported-with": json.dumps({**a, "train-samples": 900})}
+    seeded = {"partition-id": 0, "num-partitions": 2}  # back without its folder
+    for rnd, back in ((2, other), (3, seeded)):  # (a node is asked once a round)
+        with caplog.at_level("WARNING", logger="flowerbed"):
+            assert s.sample(WhoamiGrid({2: one, 5: back}), rnd, 1.0, 0) == [2]  # node 1 left
+        assert 0 not in s.node_of and "node 5 ignored this round: it serves partition 0 from other data" \
+            in caplog.text
+        caplog.clear()
+    same = {**own, "data-dir": "/elsewhere", "exported-with": json.dumps({**a, "train-samples": 600.0})}
+    assert s.sample(WhoamiGrid({2: one, 5: same}), 4, 1.0, 0) == [5, 2]  # the same export: back in
+    assert s.data_folders[0] == ("/elsewhere", {**a, "train-samples": 600.0})
 
 
 # ------------------------------------------------ found by a mutation review (session 37)

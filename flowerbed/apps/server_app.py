@@ -16,7 +16,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from flowerbed import checkpoint, client_state, faults
-from flowerbed.config import DISTILL_METHODS, SSL_METHODS, Config, ConfigError, defaults, normalised, reads
+from flowerbed.config import (
+    DISTILL_METHODS,
+    SSL_METHODS,
+    Config,
+    ConfigError,
+    defaults,
+    normalised_settings,
+    reads,
+)
 from flowerbed.datasets.federated import client_partitions, full_train, split_settings, test_set, train_set
 from flowerbed.datasets.partition import warn_unheld
 from flowerbed.registry import METHODS
@@ -140,7 +148,7 @@ def client_data(folders: dict[int, tuple[str, dict[str, Any]]], cfg: Config,
     if not folders:
         return {"client-data": None}  # the seeded split
     run = split_settings(cfg)
-    settings = {pid: _normalised(exported) for pid, (_, exported) in sorted(folders.items())}
+    settings = {pid: normalised_settings(exported) for pid, (_, exported) in sorted(folders.items())}
     distinct = {json.dumps(e, sort_keys=True) for e in settings.values()}
     exported_with = next(iter(settings.values())) if len(distinct) == 1 else {
         str(pid): e for pid, e in settings.items()}
@@ -167,9 +175,10 @@ SERVE_THE_SAME = ("resume it where the same data is served (deploy up --data-dir
 class ClientDataRecord:
     """config.json's ``client-data``, kept as nodes join: each partition is recorded with the
     data it read when it first answered, in this attempt or (a resumed run) an earlier one. A
-    node that joins after round 1 is added; one that comes back with another folder keeps its
-    first record, and in a resumed run one whose data differs from an earlier attempt's record
-    makes :attr:`refusal` (the ServerApp stops after that round's checkpoint)."""
+    node that joins after round 1 is added (one that comes back with other data than its
+    partition first read is ignored by the strategy, :attr:`FlowerbedFedAvg.first_data`), and in
+    a resumed run one whose data differs from an earlier attempt's record makes :attr:`refusal`
+    (the ServerApp stops after that round's checkpoint)."""
 
     def __init__(self, strategy: Any, cfg: Config, num_partitions: int) -> None:
         self.cfg, self.num_partitions = cfg, num_partitions
@@ -179,13 +188,12 @@ class ClientDataRecord:
         self.now = self.value = client_data(strategy.data_folders, cfg, num_partitions, self.answered)
         self.refusal: ConfigError | None = None
         self.path = Path()
-        self.warned: set[int] = set()  # partitions said to read other data than their record
 
     @staticmethod
     def reads(strategy: Any, p: int) -> dict[str, Any] | None:
         """What partition ``p``'s node reads as it last answered: its folder's export settings,
         or None for the seeded split."""
-        return _normalised(strategy.data_folders[p][1]) if p in strategy.data_folders else None
+        return normalised_settings(strategy.data_folders[p][1]) if p in strategy.data_folders else None
 
     def _add(self, strategy: Any, partitions: set[int]) -> None:
         for p in partitions:
@@ -206,16 +214,7 @@ class ClientDataRecord:
             self.value = self._render()
 
     def joined(self, strategy: Any) -> dict[str, Any] | None:
-        """The new ``client-data`` where partitions that answered since changed the record (and
-        a warning, once per partition, where a node came back with other data than its record)."""
-        for p in sorted(self.answered - self.warned):
-            if p not in strategy.node_of and p not in strategy.data_folders:  # gone, for now
-                continue
-            if (now := self.reads(strategy, p)) != self.first.get(p):
-                self.warned.add(p)
-                log.warning("partition %d's node came back reading other data (%s) than it started "
-                            "on (%s; null: the seeded split): from now on its client trains on it, and "
-                            "config.json keeps the first", p, json.dumps(now), json.dumps(self.first.get(p)))
+        """The new ``client-data`` where partitions that answered since changed the record."""
         new = {*strategy.data_folders, *strategy.node_of} - self.answered
         if not new:
             return None
@@ -237,18 +236,6 @@ class ClientDataRecord:
                  "them" if len(new) > 1 else "it")
         self.value = value
         return value
-
-
-def _normalised(exported: dict[str, Any]) -> dict[str, Any]:
-    """An export's split settings as the run config writes them ('dirichlet:1' as
-    'dirichlet:1.0', 600.0 as 600), each on its own; a value that is no value of its key as it is."""
-    out = {}
-    for k, v in exported.items():
-        try:
-            out[k] = normalised(k, v)
-        except ConfigError:
-            out[k] = v
-    return out
 
 
 def check_resumed_data(earlier: dict[str, Any], now: dict[str, Any], path: Path,

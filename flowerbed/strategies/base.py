@@ -31,7 +31,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from flowerbed.config import Config, ConfigError
+from flowerbed.config import Config, ConfigError, normalised_settings
 from flowerbed.datasets.loading import DataSet
 from flowerbed.tracebacks import ANSI, exception_of, original_text, wrapper
 from flowerbed.training import evaluate, is_finite, load_record, to_record
@@ -171,6 +171,9 @@ class FlowerbedFedAvg(FedAvg):
         self.num_test: dict[int, int] = {}      # partition id -> its local test samples (whoami)
         # partition id -> (its own data folder, the split settings its partition.json records)
         self.data_folders: dict[int, tuple[str, dict[str, Any]]] = {}
+        # partition id -> what it read when it first answered in this attempt (its folder's
+        # normalised export settings; None: the seeded split): a node back with other data is ignored
+        self.first_data: dict[int, dict[str, Any] | None] = {}
         self.num_partitions: int | None = None
         self.ignored_nodes: set[int] = set()  # nodes whose whoami reply could not be used
         self.running = False  # rounds have begun: a bad node is ignored, not a startup error
@@ -253,18 +256,31 @@ class FlowerbedFedAvg(FedAvg):
                 log.warning("node %d ignored this round: %s; it is asked again next round "
                             "(it takes over once node %d has left)", node, problem, old)
                 continue
+            folder = str(info.get("data-dir", ""))  # (older clients send none: the seeded split)
+            try:
+                exported = json.loads(str(info.get("exported-with", "{}"))) if folder else {}
+            except ValueError:
+                exported = {}
+            exported = exported if isinstance(exported, dict) else {}
+            reads = normalised_settings(exported) if folder else None
+            if pid in self.first_data and reads != self.first_data[pid]:
+                # training it on other data mid-run would mix two data sets in one run (and a
+                # resume, which checks the data, would refuse it): the run goes on without it
+                log.warning("node %d ignored this round: it serves partition %d from other data (%s) "
+                            "than the partition's node read when it first answered (%s; null: the "
+                            "seeded split); serve the same data (the same --data-dirs folder) and it "
+                            "is asked again next round", node, pid, json.dumps(reads),
+                            json.dumps(self.first_data[pid]))
+                continue
+            self.first_data.setdefault(pid, reads)
             self.unanswered.pop(node, None)
             self.num_partitions = num
             self.node_of[pid] = reply.metadata.src_node_id
             self.partition_of[reply.metadata.src_node_id] = pid
             self.num_test[pid] = num_test
-            if folder := str(info.get("data-dir", "")):  # (older clients send none)
-                try:
-                    exported = json.loads(str(info.get("exported-with", "{}")))
-                except ValueError:
-                    exported = {}
-                self.data_folders[pid] = (folder, exported if isinstance(exported, dict) else {})
-            else:  # on the seeded split (a node back without its folder, too)
+            if folder:
+                self.data_folders[pid] = (folder, exported)
+            else:
                 self.data_folders.pop(pid, None)
 
     def sample(self, grid: Grid, server_round: int, fraction: float, stream: int) -> list[int]:
