@@ -325,6 +325,19 @@ def test_a_node_back_with_other_data_is_ignored_until_it_serves_the_same(cfg, ca
     same = {**own, "data-dir": "/elsewhere", "exported-with": json.dumps({**a, "train-samples": 600.0})}
     assert s.sample(WhoamiGrid({2: one, 5: same}), 4, 1.0, 0) == [5, 2]  # the same export: back in
     assert s.data_folders[0] == ("/elsewhere", {**a, "train-samples": 600.0})
+    # before round 1 nothing has trained: a node back with other data replaces the first answer
+    # (it was left out for the whole run, asked at every pass of the wait for nodes)
+    s = FedAvgStrategy(cfg)
+    s.discover(WhoamiGrid({1: own, 2: one}))
+    with caplog.at_level("WARNING", logger="flowerbed"):
+        assert s.discover(WhoamiGrid({2: one, 5: other})) == 2
+    assert s.node_of == {0: 5, 1: 2} and s.first_data[0] == {**a, "train-samples": 900}
+    assert "ignored" not in caplog.text
+    # a newcomer that claims a held partition with other data is told about its data first
+    s.running = True
+    with caplog.at_level("WARNING", logger="flowerbed"):
+        s.sample(WhoamiGrid({2: one, 5: other, 6: seeded}), 5, 1.0, 0)
+    assert "node 6 ignored this round: it serves partition 0 from other data" in caplog.text
 
 
 # ------------------------------------------------ found by a mutation review (session 37)

@@ -288,7 +288,8 @@ def test_a_node_that_joins_late_is_added_to_client_data(tmp_path, caplog):
     assert seeded.joined(SimpleNamespace(data_folders={}, node_of={0: 10, 1: 11})) is None
 
     # a resume (from a review): the earlier attempts' record is kept for partitions that have not
-    # answered yet, and one that answers late with other data stops the run after its round
+    # answered yet and held to by the strategy; should one with other data still be trained, the
+    # run stops after its round
     from flowerbed.apps.server_app import check_resumed_data
 
     earlier = {"client-data": {"by-partition": {"0": a, "1": None, "2": a}}}
@@ -296,6 +297,9 @@ def test_a_node_that_joins_late_is_added_to_client_data(tmp_path, caplog):
     check_resumed_data(earlier, resumed.now, tmp_path, resumed.answered)
     resumed.keep_earlier(earlier["client-data"], tmp_path)
     assert resumed.value["client-data"]["by-partition"] == {"0": a, "1": None, "2": a}
+    held = SimpleNamespace(first_data={0: a})  # what the strategy recorded in this attempt
+    resumed.hold(held)  # the partitions that have not answered yet must serve their earlier data
+    assert held.first_data == {0: a, 1: None, 2: a}
     late = SimpleNamespace(data_folders={0: ("/d0", a), 2: ("/d2", a)}, node_of={0: 10, 2: 12})
     assert resumed.joined(late) is None and resumed.refusal is None  # 2 back with its data
     late.data_folders[1], late.node_of[1] = ("/d1", b), 11  # 1 started on the seeded split

@@ -176,9 +176,10 @@ class ClientDataRecord:
     """config.json's ``client-data``, kept as nodes join: each partition is recorded with the
     data it read when it first answered, in this attempt or (a resumed run) an earlier one. A
     node that joins after round 1 is added (one that comes back with other data than its
-    partition first read is ignored by the strategy, :attr:`FlowerbedFedAvg.first_data`), and in
-    a resumed run one whose data differs from an earlier attempt's record makes :attr:`refusal`
-    (the ServerApp stops after that round's checkpoint)."""
+    partition first read, in this attempt or, through :meth:`hold`, an earlier one, is left out
+    by the strategy, :attr:`FlowerbedFedAvg.first_data`); should one with other data than an
+    earlier attempt's record still be trained, :attr:`refusal` stops the ServerApp after that
+    round's checkpoint."""
 
     def __init__(self, strategy: Any, cfg: Config, num_partitions: int) -> None:
         self.cfg, self.num_partitions = cfg, num_partitions
@@ -191,8 +192,8 @@ class ClientDataRecord:
 
     @staticmethod
     def reads(strategy: Any, p: int) -> dict[str, Any] | None:
-        """What partition ``p``'s node reads as it last answered: its folder's export settings,
-        or None for the seeded split."""
+        """What partition ``p``'s node reads as its last accepted answer: its folder's export
+        settings, or None for the seeded split."""
         return normalised_settings(strategy.data_folders[p][1]) if p in strategy.data_folders else None
 
     def _add(self, strategy: Any, partitions: set[int]) -> None:
@@ -212,6 +213,13 @@ class ClientDataRecord:
             for p, e in earlier["by-partition"].items():
                 self.first.setdefault(int(p), e)
             self.value = self._render()
+
+    def hold(self, strategy: Any) -> None:
+        """A resumed run: each partition an earlier attempt recorded must serve that data in this
+        one too, so a late node with other data is left out of the rounds by the strategy (its
+        :attr:`first_data`) rather than trained on (:attr:`refusal` stays as a backstop)."""
+        for p, e in self.first.items():
+            strategy.first_data.setdefault(p, normalised_settings(e) if isinstance(e, dict) else None)
 
     def joined(self, strategy: Any) -> dict[str, Any] | None:
         """The new ``client-data`` where partitions that answered since changed the record."""
@@ -301,6 +309,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         earlier = read_json(Path(output_dir) / run_name / "config.json")
         check_resumed_data(earlier, data_record.now, Path(output_dir) / run_name, data_record.answered)
         data_record.keep_earlier(earlier.get("client-data"), Path(output_dir) / run_name)
+        data_record.hold(strategy)
     described = {**identity, "server-device": str(device), "software": software(), **strategy.describe(),
                  **data_record.value}
     with RunDir(output_dir, run_name, described,

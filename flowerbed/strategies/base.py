@@ -248,6 +248,22 @@ class FlowerbedFedAvg(FedAvg):
                 log.warning("node %d ignored: %s", node, problem)
                 self.ignored_nodes.add(node)
                 continue
+            folder = str(info.get("data-dir", ""))  # (older clients send none: the seeded split)
+            try:
+                exported = json.loads(str(info.get("exported-with", "{}"))) if folder else {}
+            except ValueError:
+                exported = {}
+            exported = exported if isinstance(exported, dict) else {}
+            reads = normalised_settings(exported) if folder else None
+            if self.running and pid in self.first_data and reads != self.first_data[pid]:
+                # training it on other data mid-run would mix two data sets in one run (and a
+                # resume, which checks the data, would refuse it): the run goes on without it
+                log.warning("node %d ignored this round: it serves partition %d from other data (%s) "
+                            "than the partition read when it first answered (%s; null: the seeded "
+                            "split); serve the same data (the same --data-dirs folder) and it is "
+                            "asked again next round", node, pid, json.dumps(reads),
+                            json.dumps(self.first_data[pid]))
+                continue
             old = self.node_of.get(pid)
             if old is not None and old != node:  # (nodes that left were dropped above)
                 problem = ConfigError("partition-id", pid, f"nodes {old} and {node} both serve it")
@@ -256,22 +272,8 @@ class FlowerbedFedAvg(FedAvg):
                 log.warning("node %d ignored this round: %s; it is asked again next round "
                             "(it takes over once node %d has left)", node, problem, old)
                 continue
-            folder = str(info.get("data-dir", ""))  # (older clients send none: the seeded split)
-            try:
-                exported = json.loads(str(info.get("exported-with", "{}"))) if folder else {}
-            except ValueError:
-                exported = {}
-            exported = exported if isinstance(exported, dict) else {}
-            reads = normalised_settings(exported) if folder else None
-            if pid in self.first_data and reads != self.first_data[pid]:
-                # training it on other data mid-run would mix two data sets in one run (and a
-                # resume, which checks the data, would refuse it): the run goes on without it
-                log.warning("node %d ignored this round: it serves partition %d from other data (%s) "
-                            "than the partition's node read when it first answered (%s; null: the "
-                            "seeded split); serve the same data (the same --data-dirs folder) and it "
-                            "is asked again next round", node, pid, json.dumps(reads),
-                            json.dumps(self.first_data[pid]))
-                continue
+            if not self.running:  # before round 1 nothing trained yet: the newest answer counts
+                self.first_data[pid] = reads
             self.first_data.setdefault(pid, reads)
             self.unanswered.pop(node, None)
             self.num_partitions = num
