@@ -272,9 +272,9 @@ class FlowerbedFedAvg(FedAvg):
                 log.warning("node %d ignored this round: %s; it is asked again next round "
                             "(it takes over once node %d has left)", node, problem, old)
                 continue
-            if not self.running:  # before round 1 nothing trained yet: the newest answer counts
-                self.first_data[pid] = reads
-            self.first_data.setdefault(pid, reads)
+            # the first answer's data, or (before round 1, nothing trained yet) the newest; once
+            # rounds run, an answer that got here reads what the partition first read
+            self.first_data[pid] = reads
             self.unanswered.pop(node, None)
             self.num_partitions = num
             self.node_of[pid] = reply.metadata.src_node_id

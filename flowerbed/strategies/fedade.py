@@ -74,16 +74,17 @@ class FedADEStrategy(FedRepStrategy):
         if self.model is not None:
             self.model.load_state_dict(net.state_dict())
         _, held, _ = pools(self.cfg)
-        if self.cfg.fedade_risk == "bbse":
+        bbse, fth = self.cfg.fedade_risk == "bbse", self.cfg.fedade_correction == "fth"
+        conf = Array(confusion(net, held)) if bbse or fth else None  # one pass over the held-out pool
+        if bbse:
             y = held.y.numpy()
             rng = np.random.default_rng([self.cfg.seed, 82])
             ref = np.concatenate([rng.permutation(np.flatnonzero(y == c))[:REF_PER_CLASS]
                                   for c in range(held.num_classes)])
-            self.bbse = ArrayRecord({"confusion": Array(confusion(net, held)),
-                                     "ref_x": Array(held.x[ref].numpy()),
+            self.bbse = ArrayRecord({"confusion": conf, "ref_x": Array(held.x[ref].numpy()),
                                      "ref_y": Array(y[ref].astype(np.int64))})
-        if self.cfg.fedade_correction == "fth":
-            self.fth = ArrayRecord({"confusion": Array(confusion(net, held))})
+        if fth:
+            self.fth = ArrayRecord({"confusion": conf})
         self._pretrained = to_record(net)
         return self._pretrained
 
