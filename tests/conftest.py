@@ -48,6 +48,17 @@ def prepared(strategy, nodes: list[int]) -> list[Message]:
     return strategy._sent
 
 
+def train_messages(strategy, rnd: int, arrays, grid) -> list[Message]:
+    """Round ``rnd``'s training messages from ``strategy.configure_train``, with the ids the Grid
+    would stamp on them when it sends them (replies name the message they answer)."""
+    from flwr.app import ConfigRecord
+
+    msgs = list(strategy.configure_train(rnd, arrays, ConfigRecord(), grid))
+    for m in msgs:
+        m.metadata.__dict__["_message_id"] = f"r{rnd}-{m.metadata.dst_node_id}"
+    return msgs
+
+
 class FakeGrid:
     """The one Grid call sampling makes: which nodes are connected."""
 

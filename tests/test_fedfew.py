@@ -14,7 +14,7 @@ from flowerbed.strategies.fedavg import FedAvgStrategy
 from flowerbed.strategies.fedfew import FedFewStrategy, fedfew_weights
 from flowerbed.strategies.ifca import IFCAStrategy
 from flowerbed.strategies.personal import pack, unpack
-from tests.conftest import bn_record, prepared, reply, sent
+from tests.conftest import bn_record, prepared, reply, sent, train_messages
 
 
 def direct(losses, n, mu):
@@ -408,10 +408,7 @@ def test_fedrep_sends_the_head_only_to_a_client_without_its_own():
         return {m.metadata.dst_node_id: set(m.content["arrays"]) for m in msgs}
 
     def configure(rnd):
-        msgs = list(s.configure_train(rnd, model, ConfigRecord(), FakeGrid(nodes)))
-        for m in msgs:  # as the Grid does when it sends them
-            m.metadata.__dict__["_message_id"] = f"r{rnd}-{m.metadata.dst_node_id}"
-        return msgs
+        return train_messages(s, rnd, model, FakeGrid(nodes))
 
     msgs = configure(1)
     assert all(k == set(layer) for k in sent_keys(msgs).values())

@@ -7,7 +7,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from flowerbed.config import Config, ConfigError
 from flowerbed.strategies.fedmr import FedMRStrategy, recombine
-from tests.conftest import FakeGrid, error_reply, prepared, reply
+from tests.conftest import FakeGrid, error_reply, prepared, reply, train_messages
 
 SHAPES = {"w": (3, 2), "b": (2,), "v": (4,), "u": (1,), "n": ()}  # n: a 0-d buffer, as BatchNorm's
 NODES = [101, 102, 103]
@@ -29,10 +29,8 @@ def first(rec: ArrayRecord, key: str) -> float:
 
 
 def round_of(s: FedMRStrategy, server_round: int, global_model: ArrayRecord):
-    """The round's training messages, with the ids the Grid would give them."""
-    msgs = list(s.configure_train(server_round, global_model, ConfigRecord(), FakeGrid(NODES)))
-    for m in msgs:
-        m.metadata.__dict__["_message_id"] = f"r{server_round}-{m.metadata.dst_node_id}"
+    """The round's training messages (with the ids the Grid would give them), and by node."""
+    msgs = train_messages(s, server_round, global_model, FakeGrid(NODES))
     return msgs, {m.metadata.dst_node_id: m for m in msgs}
 
 

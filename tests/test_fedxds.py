@@ -16,7 +16,7 @@ from flowerbed.models import build_model
 from flowerbed.privacy import classic_sigma, clip_l2, epsilon_for, sigma_for, sparsify
 from flowerbed.registry import METHODS as ALL_METHODS
 from flowerbed.training import to_record
-from tests.conftest import FakeGrid, error_reply, prepared, reply, sent
+from tests.conftest import FakeGrid, error_reply, prepared, reply, sent, train_messages
 
 
 @pytest.mark.parametrize("s", [0.0, 0.5, 0.8, 0.95])
@@ -277,14 +277,6 @@ def test_every_client_shares_whatever_fraction_trains():
     arrays = to_record(make_model(cfg, train_set(cfg)))
     sizes = [len(list(s.configure_train(r, arrays, ConfigRecord(), grid))) for r in (1, 2, 3)]
     assert sizes == [2, 4, 2]  # warm-up, share (everyone), main
-
-
-def train_messages(s, rnd: int, arrays, grid) -> list:
-    """Round ``rnd``'s training messages, with the ids the Grid would stamp on them."""
-    msgs = list(s.configure_train(rnd, arrays, ConfigRecord(), grid))
-    for m in msgs:
-        m.metadata.__dict__["_message_id"] = f"r{rnd}-{m.metadata.dst_node_id}"
-    return msgs
 
 
 def client_reply(cfg: Config, msg, partition: int, num_partitions: int = 2):
