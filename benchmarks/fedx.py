@@ -10,7 +10,8 @@ BatchNorm1d in both heads (``ssl-head-bn=true``, BYOL's own heads; the same for 
 the FedX-over-BYOL check is repeated between them), and so are the two SimCLR rows (the
 FedX-over-SimCLR check repeated between them). FedMoCo and FedX over MoCo are a third base (the
 paper's claim that FedX lifts every base; checked as FedX on MoCo >= FedMoCo, not an issue target),
-and FedX over FedU a fourth (FedX on FedU >= FedU, likewise).
+FedX over FedU a fourth (FedX on FedU >= FedU, likewise), and FedProtoCL and FedX over it the
+fifth (FedX on ProtoCL >= FedProtoCL): the paper's five bases.
 Usage: .venv/bin/python -m benchmarks.fedx [--rounds N] [--seeds 0,1,2] [--resume]
        [--methods m1,m2]   (run only these; the other rows of benchmarks/results/fedx.json are
                             kept when they were measured with the same settings and seeds)
@@ -45,9 +46,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BYOL, FEDX_BYOL = "fedbyol", "fedx@fedx-base='byol'"
 MOCO, FEDX_MOCO = "fedmoco", "fedx@fedx-base='moco'"
 FEDX_FEDU = "fedx@fedx-base='fedu'"
+PROTO, FEDX_PROTO = "fedprotocl", "fedx@fedx-base='protocl'"
 BN = "@ssl-head-bn=true"
 VARIANTS = ["fedsimclr", "fedx", BYOL, FEDX_BYOL, "fedu", BYOL + BN, FEDX_BYOL + BN,
-            "fedsimclr" + BN, "fedx" + BN, MOCO, FEDX_MOCO, FEDX_FEDU]
+            "fedsimclr" + BN, "fedx" + BN, MOCO, FEDX_MOCO, FEDX_FEDU, PROTO, FEDX_PROTO]
 
 
 def main() -> None:
@@ -92,6 +94,7 @@ def main() -> None:
             acc("fedx" + BN), acc("fedsimclr" + BN), 0.01),
         "fedx(moco) >= fedmoco (last)": _ge(acc(FEDX_MOCO), acc(MOCO), 0.0),
         "fedx(fedu) >= fedu (last)": _ge(acc(FEDX_FEDU), acc("fedu"), 0.0),
+        "fedx(protocl) >= fedprotocl (last)": _ge(acc(FEDX_PROTO), acc(PROTO), 0.0),
         **{f"{m} >= random-init + 10pp": _ge(acc(m), floor, 0.10) for m in res},
     }
     dates = row_dates(list(new), {m: r for m, r in kept.items() if m not in new}, old,

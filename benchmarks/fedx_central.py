@@ -51,7 +51,7 @@ def main() -> None:
         loss, steps = ssl_epochs(
             model, unlabelled, epochs=1, batch_size=args.batch_size, lr=args.lr,
             momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=device, generator=gen,
-            augment=augment, step=lambda x1, x2, _: nt_xent(model(x1)[1], model(x2)[1], cfg.ssl_tau))
+            augment=augment, step=lambda x1, x2, _xr, _idx: nt_xent(model(x1)[1], model(x2)[1], cfg.ssl_tau))
         acc = probe(model, train, test, device, cfg)[1]
         curve.append({"epoch": epoch, "steps": epoch * steps, "ssl-loss": loss, "probe": acc})
         print(f"epoch {epoch}: loss {loss:.3f}, probe {100 * acc:.2f} %", flush=True)

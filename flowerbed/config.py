@@ -22,12 +22,12 @@ PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "svhn")
 MODELS = ("cnn", "resnet8", "resnet18")
 PARTITION_KINDS = ("iid", "dirichlet", "pathological", "shards")
-FEDX_BASES = ("simclr", "byol", "fedu", "moco")
+FEDX_BASES = ("simclr", "byol", "fedu", "moco", "protocl")
 DISTILL_METHODS = ("fedcc", "feddf", "fedmd")
 #: methods scored by personalised accuracy on the clients' local test splits
 PERSONAL_METHODS = ("fedfew", "ifca", "fedrep", "ditto", "apfl", "fedamp", "local", "fedavg-ft")
 #: self-supervised methods: trained on pairs of views, scored by a linear probe
-SSL_METHODS = ("fedsimclr", "fedbyol", "fedu", "fedmoco", "fedx")
+SSL_METHODS = ("fedsimclr", "fedbyol", "fedu", "fedmoco", "fedprotocl", "fedx")
 MAX_EPSILON = 1e5  # FedXDS: a larger budget is no privacy (give fedxds-sigma for weak noise)
 MAX_TIMEOUT = 7 * 24 * 3600
 MAX_QUEUE = 65536  # FedMoCo: MoCo's own queue length; each client keeps its queue in memory
@@ -121,8 +121,9 @@ KEY_READERS: dict[str, tuple[str, ...]] = {
                           "apfl", "fedamp", "feddyn", "scaffold", "fedlc", "fedrs", "fedsam",
                           "fedvls", "fedmr")},
     "probe": SSL_METHODS, "ssl": SSL_METHODS,
-    "ssl-tau": ("fedsimclr", "fedmoco", "fedx"),  # NT-Xent's and InfoNCE's temperature
-    "byol": ("fedbyol", "fedu", "fedx"), "moco": ("fedmoco", "fedx"), "fedu": ("fedu", "fedx"),
+    "ssl-tau": ("fedsimclr", "fedmoco", "fedprotocl", "fedx"),  # NT-Xent's, InfoNCE's, ProtoNCE's mean φ
+    "byol": ("fedbyol", "fedu", "fedx"), "moco": ("fedmoco", "fedprotocl", "fedx"), "fedu": ("fedu", "fedx"),
+    "protocl": ("fedprotocl", "fedx"),
     "distill": DISTILL_METHODS, "hetero": DISTILL_METHODS,
     "proximal-mu": ("fedprox", "fedx"),  # FedX: with fedx-global='prox' only
     "finetune": ("fedavg-ft",), "num-models": ("fedfew", "ifca"),
@@ -207,6 +208,8 @@ class Config:
     byol_ema: float
     moco_momentum: float
     moco_queue: int
+    protocl_clusters: str
+    protocl_warmup_rounds: int
     fedu_mu: float
     fedx_base: str
     fedx_local_kd: bool
@@ -312,6 +315,17 @@ class Config:
         cfg.validate()
         return cfg
 
+    def protocl_ks(self) -> tuple[int, ...]:
+        """FedProtoCL's cluster counts, one ProtoNCE term each (``protocl-clusters``)."""
+        try:
+            ks = tuple(int(k) for k in str(self.protocl_clusters).split(","))
+        except ValueError:
+            ks = ()
+        if not ks or min(ks) < 2:
+            raise ConfigError("protocl-clusters", self.protocl_clusters, "a comma-separated list of "
+                              "whole numbers >= 2, e.g. 25,50,100")
+        return ks
+
     def validate(self) -> None:
         """Range checks that need no data; data-dependent checks live in ``datasets``."""
         from flowerbed.registry import METHODS  # late import: registry imports strategies
@@ -346,7 +360,7 @@ class Config:
                          "fedxds-warmup-rounds",  # FedXDS shares in its last warm-up round
                          "ditto-personal-epochs")
         for key in ("distill-epochs", "fedcc-ssl-epochs", "fedrep-head-epochs", "finetune-epochs",
-                    "fedmr-first-stage"):
+                    "fedmr-first-stage", "protocl-warmup-rounds"):
             if getattr(self, key.replace("-", "_")) < 0:
                 raise ConfigError(key, getattr(self, key.replace("-", "_")), "must be an integer >= 0")
         for key in positive_ints:
@@ -480,6 +494,7 @@ class Config:
                               "must be in [0, 1] (the weight of the personal model)")
         if self.moco_queue > MAX_QUEUE:
             raise ConfigError("moco-queue", self.moco_queue, f"must be <= {MAX_QUEUE} (MoCo's own queue)")
+        self.protocl_ks()  # raises on a malformed list
         for key in ("momentum", "byol-ema", "moco-momentum"):
             v = getattr(self, key.replace("-", "_"))
             if not 0 <= v < 1:

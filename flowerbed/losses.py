@@ -1,4 +1,5 @@
-"""Self-supervised and distillation losses (NT-Xent, MoCo's InfoNCE, FedX's relational loss, BYOL)."""
+"""Self-supervised and distillation losses (NT-Xent, MoCo's InfoNCE, PCL's prototype term, FedX's
+relational loss, BYOL)."""
 
 from __future__ import annotations
 
@@ -67,3 +68,17 @@ def _log_mean(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
 def byol_loss(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """BYOL's regression loss 2 − 2·cos(p, z), batch mean; ``z`` (the target) gets no gradient."""
     return (2 - 2 * F.cosine_similarity(p, z.detach(), dim=1)).mean()
+
+
+def proto_nce(q: torch.Tensor, prototypes: torch.Tensor, phi: torch.Tensor,
+              assign: torch.Tensor) -> torch.Tensor:
+    """PCL's prototype term (Li et al., ICLR 2021) for one clustering: query i's positive is
+    its cluster's prototype, the other prototypes are its negatives, each prototype's logit at
+    its own temperature (concentration) φ_j:
+
+    loss = −mean_i log( exp(q_i·c_{s(i)}/φ_{s(i)}) / Σ_j exp(q_i·c_j/φ_j) ), on L2-normalised q
+    and c; prototypes and φ get no gradient. PCL samples r negative prototypes per batch, which
+    needs tens of thousands of clusters; with tens (a client's data) every prototype takes part.
+    """
+    logits = F.normalize(q, dim=1) @ F.normalize(prototypes.detach(), dim=1).T / phi.detach()
+    return F.cross_entropy(logits, assign)

@@ -23,6 +23,7 @@ from flowerbed.clients.fedlc import FedLCClient
 from flowerbed.clients.fedmd import FedMDClient
 from flowerbed.clients.fedmoco import MoCoClient
 from flowerbed.clients.fednova import FedNovaClient
+from flowerbed.clients.fedprotocl import ProtoCLClient
 from flowerbed.clients.fedrep import FedRepClient
 from flowerbed.clients.fedrs import FedRSClient
 from flowerbed.clients.fedsam import FedSAMClient
@@ -99,6 +100,8 @@ METHODS: dict[str, Method] = {
                "FedBYOL: BYOL locally (EMA target kept on the client), FedAvg; linear probe"),
         Method("fedmoco", SSLStrategy, MoCoClient, make_ssl_model,
                "FedMoCo: MoCo v2 locally (key encoder and queue kept on the client), FedAvg; linear probe"),
+        Method("fedprotocl", SSLStrategy, ProtoCLClient, make_ssl_model,
+               "FedProtoCL: PCL (Li et al., 2021) locally, MoCo + k-means prototypes of the client's data"),
         Method("fedu", SSLStrategy, FedUClient, make_ssl_model,
                "FedU (Zhuang et al., 2021): FedBYOL + divergence-aware predictor update"),
         Method("fedx", FedXStrategy, fedx_client, make_ssl_model,

@@ -54,9 +54,16 @@ def seeded_generator(*parts: int) -> torch.Generator:
     It also seeds torch's global RNG with the same number, on purpose: what draws from it
     inside a client's round (augmentations, random anchors, layer initialisation) then
     repeats per client and round, in any process and after a resume."""
-    seed = int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
-    torch.manual_seed(seed)
-    return torch.Generator().manual_seed(seed)
+    gen = generator_of(*parts)
+    torch.manual_seed(gen.initial_seed())
+    return gen
+
+
+def generator_of(*parts: int) -> torch.Generator:
+    """:func:`seeded_generator` without touching torch's global RNG (a draw inside a round
+    that must not move the augmentations after it: FedProtoCL's k-means)."""
+    return torch.Generator().manual_seed(int(np.random.SeedSequence([int(p) for p in parts])
+                                             .generate_state(1)[0]))
 
 
 def batches(data: DataSet, batch_size: int, device: torch.device,
@@ -170,18 +177,21 @@ def finite_or_nan(x: float) -> float:
     return float(x) if math.isfinite(x) else float("nan")
 
 
-SSLStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+SSLStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor]
 
 
 def ssl_epochs(model: nn.Module, data: DataSet, *, epochs: int, batch_size: int, lr: float,
                momentum: float, weight_decay: float, device: torch.device,
                generator: torch.Generator, augment: Callable[[torch.Tensor], torch.Tensor],
                step: SSLStep, random_batch: bool = False,
-               after_step: Callable[[], None] | None = None) -> tuple[float, int]:
+               after_step: Callable[[], None] | None = None,
+               before_epoch: Callable[[], None] | None = None) -> tuple[float, int]:
     """Self-supervised training on two augmented views of each batch; never reads labels.
 
-    ``step(x1, x2, xr)`` returns the loss; ``xr`` is an independent random batch of the same
+    ``step(x1, x2, xr, idx)`` returns the loss; ``idx`` are the batch's sample indices into
+    ``data`` (FedProtoCL looks up their clusters), ``xr`` an independent random batch of the same
     size (FedX's anchor set for the relational loss) when ``random_batch``, else None.
+    ``before_epoch()`` runs at the start of every epoch (FedProtoCL's clustering).
     A last batch of fewer than 2 samples is dropped (contrastive losses need a negative).
     """
     model.to(device).train()
@@ -189,6 +199,8 @@ def ssl_epochs(model: nn.Module, data: DataSet, *, epochs: int, batch_size: int,
     n = len(data)
     total, count, steps = 0.0, 0, 0
     for _ in range(epochs):
+        if before_epoch is not None:
+            before_epoch()
         order = torch.randperm(n, generator=generator)
         rand = torch.randperm(n, generator=generator) if random_batch else None
         for start in range(0, n, batch_size):
@@ -201,7 +213,7 @@ def ssl_epochs(model: nn.Module, data: DataSet, *, epochs: int, batch_size: int,
             xr = None
             if rand is not None:
                 xr = data.normalise(augment(data.x[rand[start:start + len(idx)]]).to(device))
-            loss = step(x1, x2, xr)
+            loss = step(x1, x2, xr, idx)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from flowerbed.config import Config, ConfigError, defaults, load_preset, parse_partition
+from flowerbed.config import SSL_METHODS, Config, ConfigError, defaults, load_preset, parse_partition
 from flowerbed.datasets.federated import client_partitions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,7 +98,7 @@ def test_settings_that_leave_data_unused_are_warned_about(caplog):
     assert warned(method="fedprox", **{"proximal-mu": 0.1}) == ""
 
 
-@pytest.mark.parametrize("method", ["fedsimclr", "fedbyol", "fedu", "fedmoco", "fedx"])
+@pytest.mark.parametrize("method", SSL_METHODS)
 def test_contrastive_methods_need_two_images_a_batch(method):
     """A batch of one is skipped: the run 'finished' with the initial model's accuracy."""
     with pytest.raises(ConfigError, match="'batch-size' = 1 .* at least 2 images"):

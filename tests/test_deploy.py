@@ -366,7 +366,7 @@ TWO_ROUNDS = {"scaffold", "fedcc", "fedxds", "fedade", "fedrep"}
 # the same messages, record names and client state (they run through the simulation engine and
 # in-process in every resume and fault test): a deployed run costs CI 40-70 CPU-seconds
 COVERED_BY = {"fedprox": "fedavg", "fedavg-ft": "fedavg", "fedsimclr": "fedx", "fedu": "fedbyol",
-              "fedmoco": "fedbyol",
+              "fedmoco": "fedbyol", "fedprotocl": "fedbyol",
               "feddf": "fedmd", "ditto": "fedavg", "apfl": "fedavg", "feddyn": "scaffold",
               "fedamp": "fedrep", "fednova": "fedavg",
               "fedlc": "fedavg", "fedrs": "fedavg", "fedsam": "fedavg",
@@ -374,10 +374,10 @@ COVERED_BY = {"fedprox": "fedavg", "fedavg-ft": "fedavg", "fedsimclr": "fedx", "
 # messages; their personal model is an ArrayRecord in context.state (APFL's alpha a MetricRecord), filed
 # and read back as Local's and FedMD's are. FedDyn: SCAFFOLD's (a state adopted once the server names the
 # round it took). FedAMP, FedMR: a model of its own for each node, as FedRep's (FedMR's client is FedAvg's,
-# stateless). FedNova: FedAvg's, with one more
-# metric. FedLC, FedRS, FedSAM, FedVLS: FedAvg's, another local step. FedMoCo: FedBYOL's messages; its key
-# encoder is filed as BYOL's target is, with one more record (the queue), which its in-process resume test
-# brings back
+# stateless). FedNova: FedAvg's, with one more metric. FedLC, FedRS, FedSAM, FedVLS: FedAvg's, another
+# local step. FedMoCo, FedProtoCL: FedBYOL's messages; the key encoder is filed as BYOL's target is, with
+# one more record (the queue), which their in-process resume tests bring back (FedProtoCL's prototypes are
+# rebuilt from the key encoder each epoch: no state of their own)
 DEPLOYED = [m for m in METHODS if m not in COVERED_BY]
 
 

@@ -83,6 +83,8 @@ def make_client(method, **extra):
 
 @pytest.mark.parametrize("method,extra", [("fedsimclr", {}), ("fedbyol", {}), ("fedu", {}),
                                           ("fedmoco", {}), ("fedx", {"fedx-base": "moco"}),
+                                          ("fedprotocl", {"protocl-warmup-rounds": 0}),
+                                          ("fedx", {"fedx-base": "protocl", "protocl-warmup-rounds": 0}),
                                           ("fedx", {"fedx-base": "simclr"}),
                                           ("fedx", {"fedx-base": "byol"}),
                                           ("fedx", {"fedx-base": "fedu"}),
@@ -96,7 +98,7 @@ def test_ssl_clients_never_see_labels(method, extra):
     assert np.isfinite(out.content["metrics"]["train-loss"])
     if method in ("fedbyol", "fedu") or extra.get("fedx-base") in ("byol", "fedu"):
         assert TARGET in ctx.state.array_records  # the EMA target stays on the client
-    if method == "fedmoco" or extra.get("fedx-base") == "moco":
+    if method in ("fedmoco", "fedprotocl") or extra.get("fedx-base") in ("moco", "protocl"):
         assert {KEY_ENCODER, QUEUE} <= set(ctx.state.array_records)  # key encoder and queue too
 
 

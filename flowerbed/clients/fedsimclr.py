@@ -43,6 +43,9 @@ class SSLClient(Client):
     def prepare(self, model: SSLNet, msg: Message) -> None:
         """Per-round set-up before training (targets, frozen copies...)."""
 
+    def before_epoch(self, model: SSLNet) -> None:
+        """Called at the start of every local epoch (FedProtoCL's clustering)."""
+
     def after_step(self, model: SSLNet) -> None:
         """Called after every optimiser step (BYOL's EMA)."""
 
@@ -71,12 +74,16 @@ class SSLClient(Client):
         cfg = self.cfg
         gen = seeded_generator(cfg.seed, self.partition_id, rnd)  # also seeds the augmentations
         self.prepare(model, msg)
+
+        def step(x1, x2, xr, idx):
+            self.batch_idx = idx  # the batch's sample indices (FedProtoCL's cluster lookup)
+            return self.loss(model, self.views(model, x1, x2, xr), x1, x2, xr)
+
         loss, _ = ssl_epochs(
             model, self.train_data, epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
             momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=self.device,
-            generator=gen, augment=self.augment, random_batch=self.random_batch,
-            step=lambda x1, x2, xr: self.loss(model, self.views(model, x1, x2, xr), x1, x2, xr),
-            after_step=lambda: self.after_step(model))
+            generator=gen, augment=self.augment, random_batch=self.random_batch, step=step,
+            after_step=lambda: self.after_step(model), before_epoch=lambda: self.before_epoch(model))
         extra = self.finish(model)
         return self.reply(msg, {"num-examples": len(self.train_data), "train-loss": loss, **extra},
                           arrays=to_record(model))

@@ -1,8 +1,8 @@
 """FedX (Han et al., ECCV 2022): local and global cross knowledge distillation, as an add-on.
 
 On top of the base method's loss (``fedx-base``: SimCLR's NT-Xent, BYOL's regression, FedU's
-(BYOL's regression, the predictor kept locally when the client has diverged) or MoCo's InfoNCE
-against its queue):
+(BYOL's regression, the predictor kept locally when the client has diverged), MoCo's InfoNCE
+against its queue, or ProtoCL's InfoNCE + prototype terms):
 
     L_local  = base + JS(z1, z2; A = zr; τ, τ_s)                     (``fedx-local-kd``)
     L_global = NTXent(p1, z2ᵍ; τ) + JS(p1, p2; A = zrᵍ; τ, τ_t)      (``fedx-global-kd``)
@@ -27,6 +27,7 @@ from flwr.app import Context, Message
 from flowerbed.clients.fedavg import proximal
 from flowerbed.clients.fedbyol import BYOLClient
 from flowerbed.clients.fedmoco import MoCoClient
+from flowerbed.clients.fedprotocl import ProtoCLClient
 from flowerbed.clients.fedsimclr import SimCLRClient, SSLClient
 from flowerbed.clients.fedu import FedUClient
 from flowerbed.config import Config
@@ -80,8 +81,13 @@ class FedXMoCoClient(FedXMixin, MoCoClient):
     """FedX on FedMoCo (the predictor, which MoCo does not use, is FedX's prediction head)."""
 
 
+class FedXProtoCLClient(FedXMixin, ProtoCLClient):
+    """FedX on FedProtoCL (as over MoCo, the predictor is FedX's prediction head)."""
+
+
 BASES: dict[str, type[SSLClient]] = {"simclr": FedXSimCLRClient, "byol": FedXBYOLClient,
-                                     "fedu": FedXFedUClient, "moco": FedXMoCoClient}
+                                     "fedu": FedXFedUClient, "moco": FedXMoCoClient,
+                                     "protocl": FedXProtoCLClient}
 
 
 def fedx_client(cfg: Config, context: Context) -> SSLClient:
