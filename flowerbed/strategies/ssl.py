@@ -1,4 +1,5 @@
-"""Server half of the self-supervised methods (FedSimCLR, FedBYOL, FedU, FedMoCo, FedX): FedAvg + probe.
+"""Server half of the self-supervised methods (FedSimCLR, FedBYOL, FedU, FedMoCo, FedProtoCL, FedX):
+FedAvg + probe.
 
 The global encoder is scored by a linear probe: backbone features of the whole (labelled,
 non-augmented) training set are extracted once per probe, a linear classifier is trained on
