@@ -413,6 +413,11 @@ class Config:
         if self.method == "fedxds" and self.fedxds_warmup_rounds >= self.num_server_rounds:
             raise ConfigError("fedxds-warmup-rounds", self.fedxds_warmup_rounds,
                               f"must be < num-server-rounds ({self.num_server_rounds})")
+        if ((self.method == "fedprotocl" or (self.method == "fedx" and self.fedx_base == "protocl"))
+                and self.protocl_warmup_rounds >= self.num_server_rounds):
+            raise ConfigError("protocl-warmup-rounds", self.protocl_warmup_rounds,
+                              f"must be < num-server-rounds ({self.num_server_rounds}): no round would "
+                              "use the prototypes (0 uses them from round 1)")
         choices = {"fedade-shift": ("label", "covariate"), "fedade-schedule": ("lin", "sin", "squ", "ber"),
                    "fedade-ber-chain": ("shared", "client"),
                    "fedade-lr-mode": ("adaptive", "fixed", "none"),
@@ -574,6 +579,8 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
         raise ConfigError(key, value, f"expected a number ({name}), got a boolean")
     if name in ("int", "float") and not isinstance(value, int | float):
         raise ConfigError(key, value, f"expected a number ({name}), got {type(value).__name__}")
+    if name == "str" and isinstance(value, int | float):  # -c key=25 reads a number
+        raise ConfigError(key, value, f"expected a string: quote it, {key}='{value}'")
     try:
         if name == "int":
             if isinstance(value, float) and not value.is_integer():

@@ -82,11 +82,34 @@ def test_concentration_matches_pcls_code():
                        torch.full((2,), 0.2, dtype=torch.float64))
 
 
+def test_a_cluster_of_identical_features_gets_no_vanishing_temperature():
+    """From a review: 4 tight clusters (identical vectors) and a spread one, k = 5: the percentile
+    clip left φ near 1e-6 for the tight ones and the prototype term near 2e5."""
+    gen = torch.Generator().manual_seed(0)
+    tight = torch.eye(8)[:4].repeat_interleave(20, 0)
+    spread = torch.nn.functional.normalize(torch.randn(20, 8, generator=gen) + 3 * torch.eye(8)[5], dim=1)
+    x = torch.cat([tight, spread])
+    c, assign = kmeans(x, 5, torch.Generator().manual_seed(0))
+    phi = concentration(x, c, assign, 0.1)
+    assert phi.min() >= 0.1 * 0.1 * 0.5 and phi.mean().item() == pytest.approx(0.1)
+    loss = proto_nce(x, c, phi, assign)
+    assert torch.isfinite(loss) and loss.item() < 50
+
+
 def test_cluster_counts_are_parsed_and_capped():
     with pytest.raises(ConfigError, match="protocl-clusters"):
         Config.from_run_config({"method": "fedprotocl", "protocl-clusters": "25,x"})
     with pytest.raises(ConfigError, match="protocl-clusters"):
         Config.from_run_config({"method": "fedprotocl", "protocl-clusters": "1,5"})
+    with pytest.raises(ConfigError, match="quote it, protocl-clusters='25'"):  # -c protocl-clusters=25
+        Config.from_run_config({"method": "fedprotocl", "protocl-clusters": 25})
+    assert Config.from_run_config({"method": "fedprotocl", "protocl-clusters": "25"}).protocl_ks() == (25,)
+    # a warm-up as long as the run: the prototypes would never be used
+    for method, extra in (("fedprotocl", {}), ("fedx", {"fedx-base": "protocl"})):
+        with pytest.raises(ConfigError, match="protocl-warmup-rounds.*no round would use the prototypes"):
+            Config.from_run_config({"method": method, "num-server-rounds": 1, **extra})
+    Config.from_run_config({"method": "fedprotocl", "num-server-rounds": 1, "protocl-warmup-rounds": 0})
+    Config.from_run_config({"method": "fedx", "num-server-rounds": 1})  # over SimCLR: not read
     client, *_ = make_client("fedprotocl", **{"protocl-clusters": "5,25,50,100"})
     n = len(client.train_data)  # 237 of the 400 samples: at most n // 10 = 23 clusters
     assert n == 237 and client.cluster_counts() == [5, 23]
