@@ -235,7 +235,7 @@ def finished_reason(run_dir: Path, asked: int, reached: int | None = None) -> st
     done = finished_rounds(run_dir)
     if done is not None and done >= asked:
         return (f"the run in {run_dir} already finished {done} rounds; raise num-server-rounds "
-                "to extend it")
+                "to extend it (--rounds N, or -c num-server-rounds=N)")
     if reached is not None and reached > asked:
         return f"the run in {run_dir} stopped after round {reached}, past the {asked} asked for"
     return None

@@ -179,6 +179,10 @@ def _run_plan(out: Path, plan: dict[str, tuple[dict[str, Any], str]],
             except (engine.RunFailed, ConfigError) as e:  # keep the other methods' results
                 log.error("%s", e)
                 results[m] = {"error": str(e)}
+            except KeyboardInterrupt as e:  # a run that had finished when it came counts
+                if getattr(e, "summary", None) is not None:
+                    results[m] = e.summary
+                raise
             finally:  # failed or interrupted before its first file: no empty folder left
                 with contextlib.suppress(OSError):
                     run_dir.rmdir()  # only if empty
@@ -253,7 +257,10 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
     current = {**Config.from_run_config(rc).to_run_config(), "num-partitions": num_clients}
     if diff := config_changes(saved, current):
         shown = ", ".join(diff[:5]).replace("num-partitions:", "num-partitions (--num-clients):")
-        raise ConfigError("--resume", str(run_dir), f"the earlier run there differs in {shown}; "
+        why = ("; a Fed-ADE run cannot be extended (its streams are built for its number of rounds): "
+               "give the longer run another --out" if saved.get("method") == "fedade"
+               and any(d.startswith("num-server-rounds:") for d in diff) else "")
+        raise ConfigError("--resume", str(run_dir), f"the earlier run there differs in {shown}{why}; "
                           "rerun without --resume (it is moved aside) or pass its settings again")
     asked = current["num-server-rounds"]
     if done == asked:
@@ -732,8 +739,8 @@ def shared_settings(configs: Any) -> list[str]:
         values = _read_values(configs, key)
         if len(values) == 1 and (v := json.loads(values.pop())) != default[key]:
             shown.append(f"{key} {_spec_value(v)}")
-    return ["", "Settings every run shares that are not the defaults: " + ", ".join(shown) + "."
-            ] if shown else []
+    head = "Settings not at their defaults, the same in every run that reads them: "
+    return ["", head + ", ".join(shown) + "."] if shown else []
 
 
 def run_configs(folders: Any) -> list[dict[str, Any]]:

@@ -428,7 +428,7 @@ class Config:
         for key, allowed in choices.items():
             if getattr(self, key.replace("-", "_")) not in allowed:
                 raise ConfigError(key, getattr(self, key.replace("-", "_")), f"use {' | '.join(allowed)}")
-        if self.fedade_correction == "fth" and self.fedade_lr_mode != "none":
+        if self.method == "fedade" and self.fedade_correction == "fth" and self.fedade_lr_mode != "none":
             raise ConfigError("fedade-correction", "fth", "FTH reweights the predictions of a model it "
                               f"never trains: set fedade-lr-mode='none' (not '{self.fedade_lr_mode}')")
         if not 0 <= self.fedade_ber_p <= 1:
@@ -469,6 +469,13 @@ class Config:
             raise ConfigError("fedx-relational", self.fedx_relational, "use official or js")
         if self.fedx_global not in ("kd", "prox"):
             raise ConfigError("fedx-global", self.fedx_global, "use kd or prox")
+        if self.method == "fedx" and self.fedx_global == "prox" and not self.fedx_global_kd:
+            raise ConfigError("fedx-global", "prox", "the proximal term takes the global KD terms' place, "
+                              "which fedx-global-kd=false switches off: set fedx-global-kd=true, or "
+                              "leave fedx-global at 'kd' for the run without any global term")
+        if self.method == "fedx" and self.fedx_global == "prox" and self.proximal_mu == 0:
+            raise ConfigError("proximal-mu", 0.0, "fedx-global='prox' needs a pull > 0 (0 is FedX "
+                              "without global terms: fedx-global-kd=false)")
         if self.fedx_head not in ("shared", "separate"):
             raise ConfigError("fedx-head", self.fedx_head, "use shared or separate")
         if self.fedx_head == "separate" and (self.method != "fedx" or self.fedx_base not in ("byol", "fedu")):

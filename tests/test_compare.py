@@ -504,7 +504,7 @@ def test_run_refuses_a_taken_folder_or_a_finished_resume_before_starting(tmp_pat
     assert cli.main([*base, "-c", "run-name='done'"]) == 2
     assert "already holds a run; continue it with `flowerbed run --resume" in capsys.readouterr().err
     assert cli.main(["run", "--resume", str(run), "-c", "num-server-rounds=2"]) == 2
-    assert "already finished 2 rounds; raise num-server-rounds" in capsys.readouterr().err
+    assert "finished 2 rounds; raise num-server-rounds to extend it (--rounds N" in capsys.readouterr().err
     # a deployed run on the clients' own folders: a simulation cannot serve them
     (run / "config.json").write_text(json.dumps({"num-server-rounds": 2, "num-partitions": 2,
                                                  "client-data": {"own-folders": 2, "exported-with": {}}}))
@@ -843,7 +843,7 @@ def test_table_of_runs_made_separately(tmp_path, capsys, caplog):
     assert "fedxds-lambda" not in table  # a FedXDS key: neither run reads it
     assert "fault-crash-after" not in table  # a crashed and resumed run equals an unbroken one
     # from a review of the outputs: a shared non-default setting was named nowhere
-    assert "Settings every run shares that are not the defaults: batch-size 16." in table
+    assert "Settings not at their defaults, the same in every run that reads them: batch-size 16." in table
     res = json.loads((out / "results.json").read_text())
     summary = json.loads((tmp_path / "fedavg" / "summary.json").read_text())
     assert res["fedavg"]["final-accuracy"] == summary["final-accuracy"]
@@ -919,7 +919,7 @@ def test_ctrl_c_in_a_comparison_leaves_the_table_of_the_runs_that_ended(tmp_path
     def fake_run(home, conn, rc, fed, log_file=None):
         if rc["run-name"] != "fedavg":
             raise KeyboardInterrupt
-        run = tmp_path / "fedavg"
+        run = Path(rc["output-dir"]) / "fedavg"
         run.mkdir(exist_ok=True)
         (run / "metrics.jsonl").write_text(json.dumps({"round": 0, "accuracy": 0.1}) + "\n"
                                            + json.dumps({"round": 1, "accuracy": 0.5}) + "\n")
@@ -931,6 +931,16 @@ def test_ctrl_c_in_a_comparison_leaves_the_table_of_the_runs_that_ended(tmp_path
         cmp.compare(["fedavg", "fedprox"], {"num-server-rounds": 1}, 2, out=tmp_path)
     assert "| fedavg | 50.00 |" in (tmp_path / "table.md").read_text()
     assert (tmp_path / "accuracy.png").exists() and "interrupted" in caplog.text
+
+    def finished_then_interrupted(home, conn, rc, fed, log_file=None):  # the engine's summary on it
+        e = KeyboardInterrupt()
+        e.summary = fake_run(home, conn, rc, fed)
+        raise e
+
+    monkeypatch.setattr(engine, "flwr_run", finished_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cmp.compare(["fedavg"], {"num-server-rounds": 1}, 2, out=tmp_path / "one")
+    assert "| fedavg | 50.00 |" in (tmp_path / "one" / "table.md").read_text()
 
 
 def test_flowerbed_methods_lists_every_method(capsys):
@@ -1118,6 +1128,25 @@ def test_an_interrupted_run_says_so_in_its_log(tmp_path, monkeypatch):
     log = (tmp_path / "p.log").read_text()
     assert "[ROUND 1/3]" in log
     assert log.rstrip().endswith("interrupted (KeyboardInterrupt): the run is stopped")
+    # a README walk-through: a SIGTERM just after the ServerApp wrote its summary (flwr still
+    # streaming) said the run was stopped, told to `flwr stop` a run on a SuperLink already gone,
+    # and compare wrote no table: the run had finished
+    (tmp_path / "p" / "summary.json").parent.mkdir()
+    stops = []
+    monkeypatch.setattr(cmp.engine, "stop_run", lambda *a: stops.append(a))
+
+    class Finishing(io.TextIOBase):
+        def write(self, s):
+            (tmp_path / "p" / "summary.json").write_text(json.dumps({"final-accuracy": 0.5}))
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(sys, "stdout", Finishing())
+    with pytest.raises(KeyboardInterrupt) as e:
+        cmp.engine.flwr_run(tmp_path, "c", {"output-dir": str(tmp_path), "run-name": "p"}, None,
+                            log_file=tmp_path / "p.log", tee=True)
+    assert e.value.summary == {"final-accuracy": 0.5} and stops == []
+    assert (tmp_path / "p.log").read_text().rstrip().endswith(
+        "interrupted (KeyboardInterrupt): the run had finished; its results are kept")
 
 
 @pytest.mark.parametrize("module, shown", [("ray._private.worker", False), ("ray.other", True)])

@@ -413,6 +413,8 @@ def test_fth_runs_on_a_fixed_model_and_scores_with_reweighted_predictions():
 
     with pytest.raises(ConfigError, match="'fedade-correction' = 'fth'.*fedade-lr-mode='none'"):
         Config.from_run_config({**SMALL, "fedade-correction": "fth"})
+    # under another method an unread key is warned about, not refused (a README walk-through)
+    Config.from_run_config({"method": "fedavg", "fedade-correction": "fth"})
     cfg = Config.from_run_config({**SMALL, "fedade-lr-mode": "none", "fedade-correction": "fth",
                                   "num-server-rounds": 6})
     strategy = FedADEStrategy(cfg)

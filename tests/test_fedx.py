@@ -355,3 +355,9 @@ def test_fedx_global_prox_replaces_the_global_terms_with_fedprox_term():
         no_global.loss(model, v, *args).item() + extra, rel=1e-5)
     with pytest.raises(ConfigError, match="'fedx-global' = 'l2'"):
         Config.from_run_config({"method": "fedx", "fedx-global": "l2"})
+    # a README walk-through: with fedx-global-kd=false (or mu = 0) the run had no global term at
+    # all, and config.json said 'prox'
+    with pytest.raises(ConfigError, match="'fedx-global' = 'prox'.*fedx-global-kd=false switches off"):
+        Config.from_run_config({"method": "fedx", "fedx-global": "prox", "fedx-global-kd": False})
+    with pytest.raises(ConfigError, match="'proximal-mu' = 0.0.*needs a pull > 0"):
+        Config.from_run_config({"method": "fedx", "fedx-global": "prox", "proximal-mu": 0.0})

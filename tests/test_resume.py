@@ -581,8 +581,9 @@ def test_a_message_without_what_the_method_needs_names_it():
 
 # every way the server averages models: FedAvg's (which the SSL methods, FedXDS and FedAvg-FT
 # share), FedRep's body merge (Fed-ADE's too), SCAFFOLD's, IFCA's per cluster, FedFew's own update,
-# FedMR's unweighted pool mean
-BATCHNORM_METHODS = ["fedavg", "fedrep", "scaffold", "ifca", "fedfew", "fedmr"]
+# FedMR's unweighted pool mean, FedNova's normalised update. FedDyn's and FedAMP's server updates
+# are unit-tested on BatchNorm buffers instead (test_aggregation.py, test_fedfew.py)
+BATCHNORM_METHODS = ["fedavg", "fedrep", "scaffold", "ifca", "fedfew", "fedmr", "fednova"]
 
 
 @pytest.mark.parametrize("method", BATCHNORM_METHODS)
@@ -756,6 +757,16 @@ def test_a_fed_ade_run_is_not_extended_with_more_rounds(tmp_path):
     checkpoint.check_compatible(old, {**old, "resume": "x"}, tmp_path)  # resuming it is fine
     other = {**old, "method": "fedavg"}
     assert checkpoint.config_changes(other, {**other, "num-server-rounds": 8}) == []
+    # compare --resume --rounds 8 says why, and what to do (a README walk-through)
+    from flowerbed.compare import earlier_run
+
+    rc = {"method": "fedade", "num-server-rounds": 4}
+    (tmp_path / "config.json").write_text(json.dumps(
+        {**Config.from_run_config(rc).to_run_config(), "num-partitions": 3}))
+    (tmp_path / "summary.json").write_text("{}")
+    assert earlier_run(tmp_path, rc, 3) == "keep"
+    with pytest.raises(ConfigError, match="a Fed-ADE run cannot be extended .* another --out"):
+        earlier_run(tmp_path, {**rc, "num-server-rounds": 8}, 3)
 
 
 def test_a_diverged_run_reports_no_accuracy_and_keeps_its_model(tmp_path, monkeypatch, caplog):
