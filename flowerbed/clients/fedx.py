@@ -40,9 +40,11 @@ class FedXMixin:
 
     def prepare(self, model: SSLNet, msg: Message) -> None:
         super().prepare(model, msg)
-        self.global_model = copy.deepcopy(model).eval()
-        self.global_model.requires_grad_(False)
         self.prox = proximal(model, self.cfg.proximal_mu) if self.cfg.fedx_global == "prox" else None
+        self.global_model = None  # the frozen copy: only the global KD terms read it
+        if self.cfg.fedx_global_kd and self.prox is None:
+            self.global_model = copy.deepcopy(model).eval()
+            self.global_model.requires_grad_(False)
 
     def loss(self, model, v, x1, x2, xr):
         cfg = self.cfg
