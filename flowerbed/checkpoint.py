@@ -229,11 +229,24 @@ def finished_rounds(run_dir: Path) -> int | None:
     return rounds if isinstance(rounds, int) else None
 
 
+def _method_of(run_dir: Path) -> Any:
+    """The method in ``run_dir``'s config.json (None when unreadable)."""
+    import json
+
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+        return json.loads((Path(run_dir) / "config.json").read_text()).get("method")
+    return None
+
+
 def finished_reason(run_dir: Path, asked: int, reached: int | None = None) -> str | None:
     """Why the run in ``run_dir`` cannot continue to ``asked`` rounds, or None if it can: it
     finished that many rounds or more, or (``reached``, its checkpoint's round) went past them."""
     done = finished_rounds(run_dir)
     if done is not None and done >= asked:
+        if _method_of(run_dir) == "fedade":  # resumable_changes: its streams are built for its rounds
+            return (f"the run in {run_dir} already finished {done} rounds; a Fed-ADE run cannot be "
+                    "extended (its streams are built for its number of rounds): start the longer "
+                    "run in another folder")
         return (f"the run in {run_dir} already finished {done} rounds; raise num-server-rounds "
                 "to extend it (--rounds N, or -c num-server-rounds=N)")
     if reached is not None and reached > asked:

@@ -586,7 +586,7 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
         raise ConfigError(key, value, f"expected a number ({name}), got a boolean")
     if name in ("int", "float") and not isinstance(value, int | float):
         raise ConfigError(key, value, f"expected a number ({name}), got {type(value).__name__}")
-    if name == "str" and isinstance(value, int | float):  # -c key=25 reads a number
+    if name == "str" and isinstance(value, int | float) and not isinstance(value, bool):  # -c key=25
         raise ConfigError(key, value, f"expected a string: quote it, {key}='{value}'")
     try:
         if name == "int":

@@ -463,22 +463,25 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
             except BaseException as e:  # Ctrl-C or a broken terminal: leave neither flwr nor the run
                 if echo:  # a failure whose traceback was being folded: its line
                     _end_fold(echo, fold)
-                # an interrupt after the ServerApp wrote its summary (flwr still streaming the
-                # end): the run finished, and its summary rides on the exception (compare's table)
-                finished = _stamp(summary) not in (None, before)
-                if finished:
-                    with contextlib.suppress(OSError, ValueError):
-                        e.summary = json.loads(summary.read_text())
-                if sink:
-                    sink.write(log_header(f"interrupted ({type(e).__name__}): " + (
-                        "the run had finished; its results are kept" if finished else "the run is stopped")))
-                    sink.flush()
                 proc.terminate()
                 try:  # Popen's exit waits without a limit for anything but a KeyboardInterrupt
                     proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-                if run_id is not None and not finished:
+                # an interrupt after the ServerApp wrote its summary (flwr still streaming the
+                # end): the run finished, and its summary rides on the exception (compare's table)
+                finished = False
+                with contextlib.suppress(OSError, ValueError):  # nothing here may hide the interrupt
+                    if _stamp(summary) not in (None, before):
+                        e.summary, finished = json.loads(summary.read_text()), True
+                if sink:
+                    sink.write(log_header(f"interrupted ({type(e).__name__}): " + (
+                        "the run had finished; its results are kept" if finished else "the run is stopped")))
+                    sink.flush()
+                if finished:
+                    log.warning("interrupted after run '%s' had finished: its results are in %s",
+                                run_config["run-name"], run_dir)
+                elif run_id is not None:
                     stop_run(home, connection, run_id)
                 raise
     finally:

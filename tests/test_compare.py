@@ -1103,7 +1103,7 @@ def test_flwr_simulation_noise_stays_out_of_the_console_but_in_the_log(tmp_path,
     assert "Manually terminating" in capsys.readouterr().out
 
 
-def test_an_interrupted_run_says_so_in_its_log(tmp_path, monkeypatch):
+def test_an_interrupted_run_says_so_in_its_log(tmp_path, monkeypatch, caplog):
     """From a deployment walk-through: after Ctrl-C a run's log ended at its last line of
     output, with nothing saying the run had been stopped."""
     import io
@@ -1145,6 +1145,7 @@ def test_an_interrupted_run_says_so_in_its_log(tmp_path, monkeypatch):
         cmp.engine.flwr_run(tmp_path, "c", {"output-dir": str(tmp_path), "run-name": "p"}, None,
                             log_file=tmp_path / "p.log", tee=True)
     assert e.value.summary == {"final-accuracy": 0.5} and stops == []
+    assert "interrupted after run 'p' had finished: its results are in" in caplog.text
     assert (tmp_path / "p.log").read_text().rstrip().endswith(
         "interrupted (KeyboardInterrupt): the run had finished; its results are kept")
 

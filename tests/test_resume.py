@@ -767,6 +767,8 @@ def test_a_fed_ade_run_is_not_extended_with_more_rounds(tmp_path):
     assert earlier_run(tmp_path, rc, 3) == "keep"
     with pytest.raises(ConfigError, match="a Fed-ADE run cannot be extended .* another --out"):
         earlier_run(tmp_path, {**rc, "num-server-rounds": 8}, 3)
+    # run --resume of it: not "raise num-server-rounds", which the resume then refuses
+    assert "a Fed-ADE run cannot be extended" in checkpoint.finished_reason(tmp_path, 4)
 
 
 def test_a_diverged_run_reports_no_accuracy_and_keeps_its_model(tmp_path, monkeypatch, caplog):
