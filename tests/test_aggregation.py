@@ -580,6 +580,27 @@ def test_fednova_normalises_each_update_by_its_gradient_weight(cfg):
     assert np.allclose(even["w"].numpy(), (1.0 * 10 + 4.0 * 30) / 40)
 
 
+def test_fednova_update_covers_parameters_and_buffers_keep_the_mean(cfg):
+    """On a BatchNorm model FedNova normalises the parameters' updates only: the running
+    statistics take FedAvg's mean (a normalised step on a variance can turn it negative) and
+    num_batches_tracked stays int64."""
+    from flowerbed.strategies.fednova import NORM, FedNovaStrategy
+
+    s = FedNovaStrategy(cfg)
+    s.model = nn.BatchNorm1d(2)
+    msgs = prepared(s, [101, 102])
+    s._reference = bn_record(0.0, 1.0, 0)
+    reps = [reply(msgs[i], RecordDict({"arrays": bn_record(2.0, var, n), "metrics": MetricRecord(
+        {"num-examples": ex, "train-loss": 1.0, NORM: norm})}))
+        for i, (var, n, ex, norm) in enumerate([(0.1, 4, 10, 2.0), (0.3, 8, 30, 4.0)])]
+    s._sent = msgs
+    out, _ = s.aggregate_train(1, reps)
+    tau = 0.25 * 2 + 0.75 * 4
+    assert np.allclose(out["weight"].numpy(), tau * (0.25 / 2 * 2.0 + 0.75 / 4 * 2.0))
+    assert np.allclose(out["running_var"].numpy(), 0.25 * 0.1 + 0.75 * 0.3)
+    assert out["num_batches_tracked"].numpy().dtype == np.int64 and out["num_batches_tracked"].numpy() == 7
+
+
 @pytest.mark.parametrize("momentum", [0.0, 0.5, 0.9])
 def test_fednova_gradient_weight_is_what_the_optimiser_applied(momentum):
     """A constant gradient g moves a parameter by lr * g * ||a||_1 over the steps."""
