@@ -50,6 +50,15 @@ def resumable_changes(saved: dict[str, Any]) -> frozenset[str]:
     return RESUMABLE_CHANGES
 
 
+#: why a run whose :func:`resumable_changes` leave out num-server-rounds is not extended
+NOT_EXTENDABLE = "a Fed-ADE run cannot be extended (its streams are built for its number of rounds)"
+
+
+def extendable(saved: dict[str, Any]) -> bool:
+    """Whether the finished run whose config is ``saved`` may go on with more rounds."""
+    return "num-server-rounds" in resumable_changes(saved)
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be used to resume; the message names the file and the reason."""
 
@@ -217,25 +226,22 @@ def finished_rounds(run_dir: Path) -> int | None:
     ``summary.json``: it is running, stopped, or its extension crashed, which sets the summary
     aside). The one test of "has this run finished?" for the launcher, ``compare --resume`` and
     the ServerApp's resume."""
-    import json
 
-    run_dir = Path(run_dir)
-    if not (run_dir / "summary.json").is_file():
+    if not (Path(run_dir) / "summary.json").is_file():
         return None
-    try:
-        rounds = json.loads((run_dir / "config.json").read_text())["num-server-rounds"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # no readable config: nothing to compare against (the resume names the damage)
+    # no readable config: nothing to compare against (the resume names the damage)
+    rounds = saved_config(run_dir).get("num-server-rounds")
     return rounds if isinstance(rounds, int) else None
 
 
-def _method_of(run_dir: Path) -> Any:
-    """The method in ``run_dir``'s config.json (None when unreadable)."""
+def saved_config(run_dir: Path) -> dict[str, Any]:
+    """``run_dir``'s config.json ({} when it is missing, unreadable or not a table)."""
     import json
 
-    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
-        return json.loads((Path(run_dir) / "config.json").read_text()).get("method")
-    return None
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        saved = json.loads((Path(run_dir) / "config.json").read_text())
+        return saved if isinstance(saved, dict) else {}
+    return {}
 
 
 def finished_reason(run_dir: Path, asked: int, reached: int | None = None) -> str | None:
@@ -243,10 +249,9 @@ def finished_reason(run_dir: Path, asked: int, reached: int | None = None) -> st
     finished that many rounds or more, or (``reached``, its checkpoint's round) went past them."""
     done = finished_rounds(run_dir)
     if done is not None and done >= asked:
-        if _method_of(run_dir) == "fedade":  # resumable_changes: its streams are built for its rounds
-            return (f"the run in {run_dir} already finished {done} rounds; a Fed-ADE run cannot be "
-                    "extended (its streams are built for its number of rounds): start the longer "
-                    "run in another folder")
+        if not extendable(saved_config(run_dir)):
+            return (f"the run in {run_dir} already finished {done} rounds; {NOT_EXTENDABLE}: start "
+                    "the longer run in another folder")
         return (f"the run in {run_dir} already finished {done} rounds; raise num-server-rounds "
                 "to extend it (--rounds N, or -c num-server-rounds=N)")
     if reached is not None and reached > asked:

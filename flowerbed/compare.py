@@ -245,7 +245,14 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
     """What ``--resume`` does with the run in ``run_dir``: ``keep`` it (finished, same config),
     ``resume`` it (stopped, or finished with fewer rounds than asked), or start it ``fresh``
     (none there). An earlier run with another config is a ConfigError naming the keys."""
-    from flowerbed.checkpoint import FILE, RESUMABLE_CHANGES, config_changes, finished_rounds
+    from flowerbed.checkpoint import (
+        FILE,
+        NOT_EXTENDABLE,
+        RESUMABLE_CHANGES,
+        config_changes,
+        extendable,
+        finished_rounds,
+    )
     done, stopped = finished_rounds(run_dir), (run_dir / FILE).exists()
     if (done is None and not stopped) or not (run_dir / "config.json").exists():
         return "fresh"
@@ -257,8 +264,7 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
     current = {**Config.from_run_config(rc).to_run_config(), "num-partitions": num_clients}
     if diff := config_changes(saved, current):
         shown = ", ".join(diff[:5]).replace("num-partitions:", "num-partitions (--num-clients):")
-        why = ("; a Fed-ADE run cannot be extended (its streams are built for its number of rounds): "
-               "give the longer run another --out" if saved.get("method") == "fedade"
+        why = (f"; {NOT_EXTENDABLE}: give the longer run another --out" if not extendable(saved)
                and any(d.startswith("num-server-rounds:") for d in diff) else "")
         raise ConfigError("--resume", str(run_dir), f"the earlier run there differs in {shown}{why}; "
                           "rerun without --resume (it is moved aside) or pass its settings again")
