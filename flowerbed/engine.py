@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import random
 import re
 import shlex
 import shutil
@@ -55,8 +56,31 @@ def _bin(name: str) -> str:
     return found
 
 
+def _ephemeral_low(default: int = 32768) -> int:
+    """The lowest port the kernel hands out to outgoing connections (read on Linux; elsewhere
+    32768, Linux's default, below the 49152 of macOS and Windows)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A TCP port nothing listens on, below the kernel's ephemeral range. A port the kernel hands
+    out (a bind to port 0) is free again once we close our probe, and until the SuperLink or
+    SuperNode we start binds it, any outgoing connection may take it as its local port: a
+    SuperNode's connection to its SuperLink did, and the next SuperNode died with 'address already
+    in use' (the deployment tests, 2026-12-06). Ports below that range are only ever taken by a
+    bind, so a random one that binds now stays free."""
+    rng, low = random.SystemRandom(), max(_ephemeral_low(), 10001)
+    for _ in range(100):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port := rng.randrange(10000, low)))
+            except OSError:  # taken (or in TIME_WAIT): another
+                continue
+            return port
+    with socket.socket() as s:  # every try taken: what the kernel hands out
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

@@ -25,28 +25,6 @@ def run(superlink, tmp_path, name, **overrides):
     return engine.flwr_run(home, conn, rc, FED, log_file=tmp_path / f"{name}.log")
 
 
-def test_fedavg_end_to_end(superlink, tmp_path):
-    s1 = run(superlink, tmp_path, "a", method="fedavg")
-    rows = read_metrics(tmp_path / "a")
-    assert [r["round"] for r in rows] == [0, 1, 2]
-    last = rows[-1]
-    assert last["clients-ok"] == 3 and last["clients-failed"] == 0
-    assert last["bytes-up"] > 0 and last["bytes-down"] > 0
-    assert set(last["per-client"]) == {"0", "1", "2"}
-    assert set(last["per-client"]["0"]) == {"train-examples", "train-loss", "evaluate-examples",
-                                            "evaluate-loss", "evaluate-accuracy"}
-    assert s1["bytes-down-eval-total"] == sum(r.get("bytes-down-eval", 0) for r in rows) > 0
-    assert s1["bytes-up-eval-total"] == sum(r.get("bytes-up-eval", 0) for r in rows) > 0
-    assert 0 <= last["accuracy"] <= 1 and last["client-accuracy"] is not None
-    assert s1["final-accuracy"] == last["accuracy"] > rows[0]["accuracy"]
-    assert s1["final-client-accuracy"] == last["client-accuracy"]
-    for f in ("config.json", "metrics.jsonl", "summary.json", "accuracy.png", "model.pt"):
-        assert (tmp_path / "a" / f).is_file()
-    assert json.loads((tmp_path / "a" / "config.json").read_text())["num-partitions"] == 3
-    # determinism across runs: test_resume.py compares an uninterrupted `flwr run` with a killed
-    # and resumed one, metric for metric
-
-
 def test_fedx_over_byol_end_to_end_with_probe(superlink, tmp_path):
     """Self-supervised path: BYOL target in context.state across rounds, probe on the server."""
     s = run(superlink, tmp_path, "fedx", method="fedx", **{"fedx-base": "byol", "probe-every": 1,
@@ -137,13 +115,14 @@ def test_two_launchers_keep_their_own_superlink(tmp_path, monkeypatch):
 
 def test_compare_over_seeds_through_the_cli(tmp_path):
     """`flowerbed compare --seeds`: each seed a full comparison through the real engine, then
-    the mean over seeds (the averaging itself: tests/test_compare.py)."""
-    small = "num-server-rounds=1 train-samples=600 test-samples=200 min-clients=2"
+    the mean over seeds (the averaging itself: tests/test_compare.py); and what a FedAvg run
+    through `flwr run` writes: per-round metrics of every client, bytes, the run's files."""
+    small = " ".join(f"{k}={v}" for k, v in SMALL.items())
     done = subprocess.run([engine._bin("flowerbed"), "compare", "--methods", "fedavg", "--seeds", "0,1",
-                           "--num-clients", "2", "--out", str(tmp_path), "-c", small],
+                           "--num-clients", "3", "--out", str(tmp_path), "-c", small],
                           check=True, timeout=400, capture_output=True, text=True, cwd=engine.PROJECT)
     # each run's progress on the console, one line a round (the rest goes to its log file)
-    assert done.stdout.count("\nfedavg [round 1/1] acc ") == 2, done.stdout
+    assert done.stdout.count("\nfedavg [round 2/2] acc ") == 2, done.stdout
     runs = [json.loads((tmp_path / f"seed-{s}" / "fedavg" / "summary.json").read_text()) for s in (0, 1)]
     assert [r["seed"] for r in runs] == [0, 1] and runs[0]["initial-accuracy"] != runs[1]["initial-accuracy"]
     res = json.loads((tmp_path / "results.json").read_text())["summary"]["fedavg"]
@@ -153,6 +132,26 @@ def test_compare_over_seeds_through_the_cli(tmp_path):
     assert res["final-client-accuracy-mean"] == pytest.approx(client)
     table = (tmp_path / "table.md").read_text()
     assert "| fedavg | " in table and "client acc %" in table and (tmp_path / "accuracy.png").exists()
+
+    run, s1 = tmp_path / "seed-0" / "fedavg", runs[0]
+    rows = read_metrics(run)
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    last = rows[-1]
+    assert last["clients-ok"] == 3 and last["clients-failed"] == 0
+    assert last["bytes-up"] > 0 and last["bytes-down"] > 0
+    assert set(last["per-client"]) == {"0", "1", "2"}
+    assert set(last["per-client"]["0"]) == {"train-examples", "train-loss", "evaluate-examples",
+                                            "evaluate-loss", "evaluate-accuracy"}
+    assert s1["bytes-down-eval-total"] == sum(r.get("bytes-down-eval", 0) for r in rows) > 0
+    assert s1["bytes-up-eval-total"] == sum(r.get("bytes-up-eval", 0) for r in rows) > 0
+    assert 0 <= last["accuracy"] <= 1 and last["client-accuracy"] is not None
+    assert s1["final-accuracy"] == last["accuracy"] > rows[0]["accuracy"]
+    assert s1["final-client-accuracy"] == last["client-accuracy"]
+    for f in ("config.json", "metrics.jsonl", "summary.json", "accuracy.png", "model.pt"):
+        assert (run / f).is_file()
+    assert json.loads((run / "config.json").read_text())["num-partitions"] == 3
+    # determinism across runs: test_resume.py compares a killed and resumed `flwr run` with an
+    # uninterrupted run, metric for metric
 
 
 def test_fedxds_end_to_end(superlink, tmp_path):

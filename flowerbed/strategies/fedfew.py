@@ -7,7 +7,7 @@ their K training losses. With L̃_ik = n̄_i L_ik (n̄_i = n_i / Σ_j n_j over t
     w_ik = softmax_k(−L̃_ik / μ),   α_i = S_i⁻¹ / Σ_j S_j⁻¹,  S_i = Σ_k exp(−L̃_ik / μ),
     θ_k ← θ_k + η_s Σ_i α_i w_ik (θ_ik − θ_k),
 
-all in log space (scipy's logsumexp). The server step η_s (``fedfew-server-lr``) is 1 in the
+all in log space (torch's logsumexp, in float64). The server step η_s (``fedfew-server-lr``) is 1 in the
 paper and the official code; as Σ_k Σ_i α_i w_ik = 1, each model then moves about 1/K of a FedAvg
 step per round, and η_s = K restores FedAvg's step on average (an opt-in, not the paper's), but
 extrapolates when one model takes most of the weight. ``fedfew-step='normalised'`` (opt-in, not
@@ -27,7 +27,6 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
-from scipy.special import logsumexp
 
 from flowerbed.strategies.base import metric_record
 from flowerbed.strategies.personal import KModelStrategy, pack
@@ -35,11 +34,13 @@ from flowerbed.strategies.personal import KModelStrategy, pack
 
 def fedfew_weights(losses: np.ndarray, n: np.ndarray, mu: float) -> tuple[np.ndarray, np.ndarray]:
     """(w [M, K], α [M]) from the clients' losses [M, K] and sample counts [M]."""
-    scaled = (n / n.sum())[:, None] * losses
+    scaled = (n / n.sum())[:, None] * np.asarray(losses, np.float64)
     logits = -scaled / mu
-    log_s = logsumexp(logits, axis=1)                   # [M]
+    log_s = torch.logsumexp(torch.from_numpy(logits), dim=1).numpy()  # [M]
     w = np.exp(logits - log_s[:, None])
-    alpha = np.exp(-log_s - logsumexp(-log_s))
+    # (torch's, not scipy's: scipy.special added a quarter second to every ClientApp process,
+    # which imports the registry and so this module)
+    alpha = np.exp(-log_s - torch.logsumexp(torch.from_numpy(-log_s), dim=0).item())
     return w, alpha
 
 
