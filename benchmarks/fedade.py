@@ -1,4 +1,4 @@
-"""Fed-ADE vs fixed learning rates, no adaptation, local-only adaptation, FTH and the ablations.
+"""Fed-ADE vs fixed learning rates, no adaptation, local-only adaptation, FTH, Fed-POE and the ablations.
 
 Fashion-MNIST, a CNN pre-trained on 80 % of the training set, 10 clients on the remaining 20 %
 (label mixes from Dirichlet 0.1), T time steps x R rounds, 50 samples per client and step, the
@@ -10,6 +10,9 @@ each client reweights the pre-trained model's softmax by the mean of its BBSE es
 steps' label mixes. Its online accuracy is strictly causal (step t scored with estimates of the steps
 before t: the same as its predict-then-update accuracy); the other variants' online accuracy scores a
 model already adapted to step t's unlabelled batch.
+Fed-POE (the paper's closest baseline: a local and the federated model mixed by Hedge; our port to
+unlabelled streams, flowerbed/clients/fedpoe.py) adapts both models at FixLR(mid)'s fixed rate, so
+that the two rows differ by the local model and the mixture only.
 Targets (issue #6): label shift lin and ber: Fed-ADE >= FixLR(mid) + 1 pp and >= no adaptation;
 covariate shift lin: >= FixLR(mid); Fed-ADE's wall time <= 1.2 x FixLR's.
 Usage: .venv/bin/python -m benchmarks.fedade [--steps 20] [--rounds-per-step 2]
@@ -55,11 +58,12 @@ VARIANTS = [
     "fedade@fedade-estimators='rep'",
     "fedade@fedade-estimators='unc'",
     "fedade@fedade-lr-mode='none'@fedade-correction='fth'",
+    f"fedpoe@fedade-fixed-lr={(LO + HI) / 2}",
 ]
 NAMES = ["Fed-ADE", "FixLR(low)", "FixLR(mid)", "FixLR(high)", "no adaptation", "local-only",
-         "w/o S_unc", "w/o S_rep", "FTH"]
+         "w/o S_unc", "w/o S_rep", "FTH", "Fed-POE"]
 SETTINGS = [("label", "lin"), ("label", "ber"), ("covariate", "lin")]
-PLOTTED = ["Fed-ADE", "FixLR(low)", "FixLR(mid)", "FixLR(high)", "no adaptation", "FTH"]
+PLOTTED = ["Fed-ADE", "FixLR(low)", "FixLR(mid)", "FixLR(high)", "no adaptation", "FTH", "Fed-POE"]
 
 
 def plot_setting(runs: Path, shift: str, sched: str) -> Path:

@@ -42,16 +42,19 @@ RESUMABLE_CHANGES = frozenset({"resume", "run-name", "output-dir", "num-server-r
 
 
 def resumable_changes(saved: dict[str, Any]) -> frozenset[str]:
-    """:data:`RESUMABLE_CHANGES` for the run whose config is ``saved``: a Fed-ADE run's streams
-    (their shift schedule, the time steps) are built for its number of rounds, so more rounds
-    would be another stream with the earlier steps' rows kept from the first."""
-    if saved.get("method") == "fedade":
+    """:data:`RESUMABLE_CHANGES` for the run whose config is ``saved``: a Fed-ADE (or Fed-POE)
+    run's streams (their shift schedule, the time steps) are built for its number of rounds, so
+    more rounds would be another stream with the earlier steps' rows kept from the first."""
+    from flowerbed.config import STREAM_METHODS
+
+    if saved.get("method") in STREAM_METHODS:
         return RESUMABLE_CHANGES - {"num-server-rounds"}
     return RESUMABLE_CHANGES
 
 
 #: why a run whose :func:`resumable_changes` leave out num-server-rounds is not extended
-NOT_EXTENDABLE = "a Fed-ADE run cannot be extended (its streams are built for its number of rounds)"
+NOT_EXTENDABLE = ("a Fed-ADE or Fed-POE run cannot be extended (its streams are built for its number "
+                  "of rounds)")
 
 
 def extendable(saved: dict[str, Any]) -> bool:

@@ -28,6 +28,8 @@ DISTILL_METHODS = ("fedcc", "feddf", "fedmd")
 PERSONAL_METHODS = ("fedfew", "ifca", "fedrep", "ditto", "apfl", "fedamp", "local", "fedavg-ft")
 #: self-supervised methods: trained on pairs of views, scored by a linear probe
 SSL_METHODS = ("fedsimclr", "fedbyol", "fedu", "fedmoco", "fedprotocl", "fedx")
+#: adaptation to unlabelled, shifting streams (Fed-ADE's streams, rounds and online accuracy)
+STREAM_METHODS = ("fedade", "fedpoe")
 MAX_EPSILON = 1e5  # FedXDS: a larger budget is no privacy (give fedxds-sigma for weak noise)
 MAX_TIMEOUT = 7 * 24 * 3600
 MAX_QUEUE = 65536  # FedMoCo: MoCo's own queue length; each client keeps its queue in memory
@@ -117,7 +119,7 @@ class Partition:
 #: method missing here hides a real difference: tests/test_resume.py checks that every method's
 #: runs read no key outside this. The ServerApp warns of a key set for a method not reading it.
 KEY_READERS: dict[str, tuple[str, ...]] = {
-    **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedade", "fedfew", "fedrep", "ditto",
+    **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedfew", "fedrep", "ditto",
                           "apfl", "fedamp", "feddyn", "scaffold", "fedlc", "fedrs", "fedsam",
                           "fedvls", "fedmr")},
     "probe": SSL_METHODS, "ssl": SSL_METHODS,
@@ -127,6 +129,9 @@ KEY_READERS: dict[str, tuple[str, ...]] = {
     "distill": DISTILL_METHODS, "hetero": DISTILL_METHODS,
     "proximal-mu": ("fedprox", "fedx"),  # FedX: with fedx-global='prox' only
     "finetune": ("fedavg-ft",), "num-models": ("fedfew", "ifca"),
+    "fedade": STREAM_METHODS,  # Fed-POE reads the streams', the risk's, the steps' and fixed-lr; not:
+    **{k: ("fedade",) for k in ("fedade-lr-mode", "fedade-lr-min", "fedade-lr-max", "fedade-estimators",
+                                "fedade-unc", "fedade-rep-ref", "fedade-sync", "fedade-correction")},
 }
 
 
@@ -348,7 +353,7 @@ class Config:
         if self.method in PERSONAL_METHODS and self.local_test_fraction == 0:
             raise ConfigError("local-test-fraction", 0.0, f"{self.method} is scored on the clients' "
                               "local test splits: set it > 0 (the FedFew paper: 0.25)")
-        if ((self.method in PERSONAL_METHODS + DISTILL_METHODS or self.method == "fedade")
+        if ((self.method in PERSONAL_METHODS + DISTILL_METHODS + STREAM_METHODS)
                 and self.fraction_evaluate == 0
                 and not (self.method == "fedfew" and self.fedfew_eval == "local")):
             raise ConfigError("fraction-evaluate", 0.0, f"{self.method} is scored by its clients' "
@@ -436,11 +441,11 @@ class Config:
         if self.fedade_fixed_lr < 0:
             raise ConfigError("fedade-fixed-lr", self.fedade_fixed_lr, "must be >= 0")
         steps = self.num_server_rounds // self.fedade_rounds_per_step
-        if self.method == "fedade" and self.fedade_schedule == "sin" and steps < 10:
+        if self.method in STREAM_METHODS and self.fedade_schedule == "sin" and steps < 10:
             raise ConfigError("fedade-schedule", "sin", f"needs at least 10 time steps (its period is "
                               f"floor(sqrt(T - 1)), and below 3 every step has w = 0.5: no shift); "
                               f"num-server-rounds / fedade-rounds-per-step gives {steps}")
-        if self.method == "fedade" and self.num_server_rounds % self.fedade_rounds_per_step:
+        if self.method in STREAM_METHODS and self.num_server_rounds % self.fedade_rounds_per_step:
             k, r = self.fedade_rounds_per_step, self.num_server_rounds
             near = sorted({max(k, r // k * k), (r // k + 1) * k})
             raise ConfigError("num-server-rounds", r, f"must be a multiple of fedade-rounds-per-step "

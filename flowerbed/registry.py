@@ -23,6 +23,7 @@ from flowerbed.clients.fedlc import FedLCClient
 from flowerbed.clients.fedmd import FedMDClient
 from flowerbed.clients.fedmoco import MoCoClient
 from flowerbed.clients.fednova import FedNovaClient
+from flowerbed.clients.fedpoe import FedPOEClient
 from flowerbed.clients.fedprotocl import ProtoCLClient
 from flowerbed.clients.fedrep import FedRepClient
 from flowerbed.clients.fedrs import FedRSClient
@@ -50,6 +51,7 @@ from flowerbed.strategies.fedfew import FedFewStrategy
 from flowerbed.strategies.fedmd import FedMDStrategy
 from flowerbed.strategies.fedmr import FedMRStrategy
 from flowerbed.strategies.fednova import FedNovaStrategy
+from flowerbed.strategies.fedpoe import FedPOEStrategy
 from flowerbed.strategies.fedrep import FedRepStrategy
 from flowerbed.strategies.fedx import FedXStrategy
 from flowerbed.strategies.fedxds import FedXDSStrategy
@@ -131,5 +133,7 @@ METHODS: dict[str, Method] = {
                "FedXDS (Hoefler et al., 2025): attribution-masked, noised data sharing"),
         Method("fedade", FedADEStrategy, FedADEClient, make_model,
                "Fed-ADE (Park et al., 2026): shift-adaptive learning rates on unlabelled streams"),
+        Method("fedpoe", FedPOEStrategy, FedPOEClient, make_model,
+               "Fed-POE (Ghari & Shen, 2024) on Fed-ADE's streams: local + federated model, Hedge"),
     )
 }

@@ -356,9 +356,11 @@ def min_span(lo: float, hi: float, span: float) -> tuple[float, float]:
 
 def run_title(name: str, config: dict[str, Any]) -> str:
     """A run's plot title: its folder, and what ran (method, data, split, clients, seed)."""
+    from flowerbed.config import STREAM_METHODS
+
     c = config
     stream = (f", {c.get('fedade-shift')} shift, {c.get('fedade-schedule')} schedule"
-              if c.get("method") == "fedade" else "")
+              if c.get("method") in STREAM_METHODS else "")
     return (f"{name}: {c.get('method')} on {c.get('dataset')}, {c.get('partition')}, "
             f"{c.get('num-partitions')} clients, seed {c.get('seed')}{stream}")
 
@@ -368,12 +370,12 @@ GLOBAL_MEASURE = "accuracy (test set)"  # the global model's: every method not i
 
 def own_measures() -> tuple[tuple[tuple[str, ...], str], ...]:
     """(methods, what their ``accuracy`` is) for the methods that measure their own way."""
-    from flowerbed.config import DISTILL_METHODS, PERSONAL_METHODS, SSL_METHODS
+    from flowerbed.config import DISTILL_METHODS, PERSONAL_METHODS, SSL_METHODS, STREAM_METHODS
 
     return ((SSL_METHODS, "linear-probe accuracy (test set)"),
             (DISTILL_METHODS, "ensemble accuracy (test set)"),
             (PERSONAL_METHODS, "personalised accuracy (local test splits)"),
-            (("fedade",), "online accuracy (the clients' stream batches)"))
+            (STREAM_METHODS, "online accuracy (the clients' stream batches)"))
 
 
 def measure(method: Any) -> str:

@@ -16,8 +16,8 @@ EXTRA = {
     "fedprotocl": {"probe-every": 2, "probe-epochs": 1, "local-test-fraction": 0.0},
     # seeded noise: the resume and determinism tests compare two runs' metrics
     "fedxds": {"fedxds-warmup-rounds": 1, "fedxds-share-fraction": 0.2, "fedxds-noise": "seeded"},
-    "fedade": {"fedade-rounds-per-step": 1, "fedade-batch": 20, "fedade-pretrain-epochs": 1,
-               "train-samples": 2000, "min-partition-size": 6},
+    **{m: {"fedade-rounds-per-step": 1, "fedade-batch": 20, "fedade-pretrain-epochs": 1,
+           "train-samples": 2000, "min-partition-size": 6} for m in ("fedade", "fedpoe")},
     **{m: {"num-models": 2, "local-test-fraction": 0.25, "partition": "pathological:2"}
        for m in ("fedfew", "ifca", "fedrep", "ditto", "apfl", "fedamp", "local", "fedavg-ft")},
 }

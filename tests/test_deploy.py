@@ -387,7 +387,7 @@ COVERED_BY = {"fedprox": "fedavg", "fedavg-ft": "fedavg", "fedsimclr": "fedbyol"
               "feddf": "fedcc", "fedmd": "fedcc", "ditto": "fedavg", "apfl": "fedavg", "feddyn": "scaffold",
               "fedamp": "fedrep", "fednova": "fedavg",
               "fedlc": "fedavg", "fedrs": "fedavg", "fedsam": "fedavg",
-              "fedvls": "fedavg", "fedmr": "fedrep"}  # Ditto, APFL: FedAvg's
+              "fedvls": "fedavg", "fedmr": "fedrep", "fedpoe": "fedade"}  # Ditto, APFL: FedAvg's
 # messages; their personal model is an ArrayRecord in context.state (APFL's alpha a MetricRecord), filed
 # and read back as Local's is. FedDyn: SCAFFOLD's (a state adopted once the server names the round it
 # took). FedAMP, FedMR: a model of its own for each node, as FedRep's (FedMR's client is FedAvg's,
@@ -398,7 +398,10 @@ COVERED_BY = {"fedprox": "fedavg", "fedavg-ft": "fedavg", "fedsimclr": "fedbyol"
 # is, with one more record (the queue), which their in-process resume tests bring back (FedProtoCL's
 # prototypes are rebuilt from the key encoder each epoch: no state of their own). FedMD, FedDF: FedCC's
 # (a DistillClient each: predictions on the public set up, soft targets down, the client model filed in
-# context.state; no unknown class, and FedMD uploads logits)
+# context.state; no unknown class, and FedMD uploads logits). Fed-POE: Fed-ADE's rounds with every layer
+# shared (the whole model up, and the pre-trained one down to a client without its local model, as
+# Fed-ADE's personal layers go to one without its own), its local model and Hedge weights filed in
+# context.state
 DEPLOYED = [m for m in METHODS if m not in COVERED_BY]
 
 

@@ -212,6 +212,26 @@ class FedADEClient(Client):
         q0 = torch.as_tensor(conf.sum(0), dtype=torch.float32, device=x.device)
         return (w * q0 * class_risk / counts).sum()  # Σ_y Q̂_y R̂_y
 
+    def adapt(self, model: nn.Module, x: torch.Tensor, msg: Message, lr: float) -> float:
+        """``fedade-steps`` full-batch SGD steps on the unsupervised risk at rate ``lr``, on the
+        personal layers, then as many on all; the last step's risk (NaN when ``lr`` is 0)."""
+        loss = float("nan")
+        if lr <= 0:
+            return loss
+        model.train()
+        for personal_only in (True, False):
+            for p_name, p in model.named_parameters():
+                p.requires_grad_(is_personal(p_name) or not personal_only)
+            opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
+            for _ in range(self.cfg.fedade_steps):
+                opt.zero_grad(set_to_none=True)
+                risk = self.risk(model, x, msg)
+                risk.backward()
+                opt.step()
+                loss = float(risk.detach())
+        model.requires_grad_(True)
+        return loss
+
     def train(self, msg: Message) -> Message:
         cfg = self.cfg
         model = self.model_for(msg)
@@ -223,20 +243,7 @@ class FedADEClient(Client):
             pre = {"pre-correct": correct(model.eval(), x, y), "pre-n": len(y)}
         s_unc, s_rep = self.shift(model, x, t)
         lr = self.learning_rate(s_unc, s_rep)
-        loss = float("nan")
-        if lr > 0:
-            model.train()
-            for personal_only in (True, False):
-                for p_name, p in model.named_parameters():
-                    p.requires_grad_(is_personal(p_name) or not personal_only)
-                opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
-                for _ in range(cfg.fedade_steps):
-                    opt.zero_grad(set_to_none=True)
-                    risk = self.risk(model, x, msg)
-                    risk.backward()
-                    opt.step()
-                    loss = float(risk.detach())
-            model.requires_grad_(True)
+        loss = self.adapt(model, x, msg, lr)
         record = to_record(model)
         self.context.state[PERSONAL] = ArrayRecord({k: v for k, v in record.items() if is_personal(k)})
         shared = ArrayRecord({k: v for k, v in record.items() if not is_personal(k)})

@@ -36,6 +36,7 @@ REF_PER_CLASS = 20
 class FedADEStrategy(FedRepStrategy):
     # and the next step's predict-then-update accuracy
     checkpoint_attrs = (*FedRepStrategy.checkpoint_attrs, "_next_pre")
+    corrects = True  # reads fedade-correction (FTH): Fed-POE does not
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
@@ -74,7 +75,8 @@ class FedADEStrategy(FedRepStrategy):
         if self.model is not None:
             self.model.load_state_dict(net.state_dict())
         _, held, _ = pools(self.cfg)
-        bbse, fth = self.cfg.fedade_risk == "bbse", self.cfg.fedade_correction == "fth"
+        bbse = self.cfg.fedade_risk == "bbse"
+        fth = self.corrects and self.cfg.fedade_correction == "fth"
         conf = Array(confusion(net, held)) if bbse or fth else None  # one pass over the held-out pool
         if bbse:
             y = held.y.numpy()
@@ -117,9 +119,13 @@ class FedADEStrategy(FedRepStrategy):
         config["fedade-step"] = self.step_of(server_round)[0]
         return super().configure_evaluate(server_round, arrays, config, grid)
 
+    def local_only(self) -> bool:
+        """Local-only adaptation (``fedade-sync=false``): the clients keep their shared layers."""
+        return not self.cfg.fedade_sync
+
     def aggregate_train(self, server_round, replies):
         arrays, metrics = super().aggregate_train(server_round, replies)
-        if not self.cfg.fedade_sync and arrays is not None:
+        if self.local_only() and arrays is not None:
             # local-only adaptation: nothing is shared, so the server keeps sending the
             # pre-trained model; a client that has not adapted yet starts (and is scored) from
             # it, not from an average of the others' adapted layers
