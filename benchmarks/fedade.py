@@ -11,8 +11,9 @@ steps' label mixes. Its online accuracy is strictly causal (step t scored with e
 before t: the same as its predict-then-update accuracy); the other variants' online accuracy scores a
 model already adapted to step t's unlabelled batch.
 Fed-POE (the paper's closest baseline: a local and the federated model mixed by Hedge; our port to
-unlabelled streams, flowerbed/clients/fedpoe.py) adapts both models at FixLR(mid)'s fixed rate, so
-that the two rows differ by the local model and the mixture only.
+unlabelled streams, flowerbed/clients/fedpoe.py) adapts both models at FixLR(mid)'s fixed rate
+(its federated model is averaged whole, where Fed-ADE's variants average the convolutional layers
+and keep the dense ones on the client).
 Targets (issue #6): label shift lin and ber: Fed-ADE >= FixLR(mid) + 1 pp and >= no adaptation;
 covariate shift lin: >= FixLR(mid); Fed-ADE's wall time <= 1.2 x FixLR's.
 Usage: .venv/bin/python -m benchmarks.fedade [--steps 20] [--rounds-per-step 2]

@@ -281,5 +281,5 @@ def check_compatible(saved: dict[str, Any], current: dict[str, Any], path: Path)
                               f"({path}); pass the original run config again (it is in the run's "
                               f"config.json; `flowerbed run --resume <run-dir>` does that), only "
                               f"{sorted(free)} may change"
-                              + (" (Fed-ADE's streams are built for its number of rounds)"
+                              + (" (a Fed-ADE or Fed-POE run's streams are built for its number of rounds)"
                                  if free != RESUMABLE_CHANGES else ""))

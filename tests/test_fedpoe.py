@@ -8,7 +8,7 @@ import torch
 from inprocess import run_inprocess
 from methods import EXTRA
 
-from flowerbed.clients.fedpoe import hedge_step, mixture
+from flowerbed.clients.fedpoe import Mixture, hedge_step, mixture
 from flowerbed.results import read_metrics
 
 
@@ -21,14 +21,24 @@ def test_hedge_step_is_multiplicative_weights():
     assert hedge_step(np.log(w), losses, eta).max() == 0  # kept in range however long the stream
     far = hedge_step(np.zeros(2), np.array([1e6, 0.0]), 1.0)
     assert np.isfinite(far).all() and np.exp(far)[1] == 1.0
+    # a diverged model (non-finite loss) loses its weight; if every loss is, nothing moves
+    assert np.exp(hedge_step(np.zeros(2), np.array([np.nan, 0.5]), 1.0)).tolist() == [0.0, 1.0]
+    assert hedge_step(np.log(w), np.array([np.inf, np.nan]), 1.0) == pytest.approx(np.log(w / 0.7))
 
 
-def test_mixture_is_the_weighted_mean_of_the_softmaxes():
+def test_mixture_is_the_weighted_mean_of_the_softmaxes_and_mixes_again():
     g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(4, 10, generator=g), torch.randn(4, 10, generator=g)
+    a, b, c = (torch.randn(4, 10, generator=g) for _ in range(3))
     log_w = np.log(np.array([2.0, 6.0]))  # unnormalised: a/(a+b) = 0.25
     want = 0.25 * torch.softmax(a, 1) + 0.75 * torch.softmax(b, 1)
     assert torch.allclose(mixture(log_w, [a, b]).exp(), want, atol=1e-6)
+    # the official code's two levels: c/(c+d)·(a·p_local + b·p_fed)/(a+b) + d/(c+d)·p_pool
+    x = torch.stack([a, b, c])
+    pick = [lambda x, i=i: x[i] for i in range(3)]  # three "models", whose logits are a, b and c
+    lw = np.log(np.array([2.0, 6.0, 1.0, 3.0]))
+    nested = Mixture([Mixture(pick[:2], lw[:2]), pick[2]], lw[2:])
+    got = nested(x).exp()
+    assert torch.allclose(got, 0.25 * want + 0.75 * torch.softmax(c, 1), atol=1e-6)
 
 
 def run(tmp_path, name, method, **more):
@@ -58,10 +68,13 @@ def test_without_adaptation_fed_poe_is_the_pretrained_model_and_weights_move_onc
     assert first["bytes-up"] == up and second["bytes-up"] == up
     w = [r["per-client"][p]["train-fed-weight"] for r in rows[1:] for p in ("0", "1", "2")
          if "train-fed-weight" in r["per-client"][p]]
-    assert len(w) == 12 and all(0 < x < 1 for x in w)
-    # step 0: both models are the pre-trained one (equal risks: 1/2 each); step 1: moved at the
+    pool = [r["per-client"][p]["train-pool-weight"] for r in rows[1:] for p in ("0", "1", "2")
+            if "train-pool-weight" in r["per-client"][p]]
+    assert len(w) == len(pool) == 12 and all(0 < x < 1 for x in w + pool)
+    # step 0: every model is the pre-trained one (equal risks: 1/2 each); step 1: moved at the
     # step's first round, kept in its second
-    assert w[:6] == [0.5] * 6 and 0.5 not in w[6:9] and w[9:] == w[6:9]
+    for each in (w, pool):
+        assert each[:6] == [0.5] * 6 and 0.5 not in each[6:9] and each[9:] == each[6:9]
 
 
 def test_the_pretrained_model_goes_to_a_client_until_it_holds_a_local_model():

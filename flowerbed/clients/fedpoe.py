@@ -2,30 +2,35 @@
 
 One of the Fed-ADE paper's baselines (71.3 % against Fed-ADE's 73.8 % on CIFAR-10, label shift
 ``lin``). Each client holds a *local* model (its own, never uploaded) beside the *federated* one
-the server averages, and predicts with their Hedge mixture
+the server averages, and the frozen pre-trained model, and predicts with two levels of Hedge
+mixtures, as the official code (pouyamghari/Fed-POE) does:
 
-    p(x) = (a·p_local(x) + b·p_fed(x)) / (a + b),   a ← a·exp(−η_c·U_local),  b ← b·exp(−η_c·U_fed),
+    p_f = (a·p_local + b·p_fed) / (a + b),   p = (c·p_f + d·p_pool) / (c + d),
 
-η_c = 1/√T (T time steps; the official code's ``eta_c``), U a model's loss on the step's batch.
-Both models adapt to the step's batch with a fixed learning rate (``fedade-fixed-lr``), by the
-same steps as Fed-ADE (:meth:`FedADEClient.adapt`). Fed-POE was written for labelled streams; the
-Fed-ADE authors did not publish how they ran it without labels, so this port's choices, each a
-substitution where the official code (pouyamghari/Fed-POE) reads a label, are ours:
+each weight multiplied by exp(−η_c·U) of its own prediction's loss U, η_c = 1/√T (T time steps;
+the code's ``eta_c``). The code's pool holds the pre-trained model and a snapshot every 20 of its
+~500 steps (the first after step 19, never drawn on a 20-step stream), so p_pool is the
+pre-trained model's prediction here. Both adapting models take Fed-ADE's steps on the step's batch
+(:meth:`FedADEClient.adapt`) at the fixed rate ``fedade-fixed-lr``. Where the port departs from the
+code, by our choice (Fed-POE was written for labelled streams, and the Fed-ADE authors did not
+publish how they ran it without labels):
 
 - U is the run's unsupervised risk (``fedade-risk``: mean prediction entropy, as Fed-ADE's code,
-  or BBSE), for the Hedge weights as for the training steps (the code: cross-entropy);
-- a client updates its weights once per time step, at its first training round of the step, with
-  the models as they meet the step's batch (prequential, as the code's one update per sample);
-  a client not sampled in a step neither adapts its local model nor moves its weights;
-- the federated model is the whole model averaged over the round's clients (FedAvg: the paper
-  and the code's regression variant; its classification script steps one global model client
-  after client), its local model starts as the pre-trained one (the server sends it to a client
-  until it has filed its own);
-- left out: the code's pool of stored model snapshots (one each 20 of its ~500 steps, 8 drawn a
-  step, for non-convex losses): over the 20 steps of our benchmark it would hold one.
+  or BBSE), for the weights as for training (the code: cross-entropy with the label);
+- a client moves its weights once per time step, at its first training round of the step, with
+  the models as they meet the step's batch (prequential, as the code's one update per sample); a
+  client not sampled in a step neither adapts its local model nor moves its weights (the code:
+  every client at every step);
+- training: Fed-ADE's 2 × ``fedade-steps`` full-batch steps on the 50-sample batch, on every layer
+  (the code: one SGD step on the last layer at 0.01/√T, on a window of the last 10 samples);
+- the federated model is the whole model averaged over the round's clients (the paper and the
+  code's regression script; its classification script steps one global model client after
+  client); a local model starts as the pre-trained one, which the server sends to a client until
+  it has filed its own.
 
 Scored as Fed-ADE (online accuracy of the mixture after the step's rounds, predict-then-update on
-the next step's batch). The local model and the log-weights live in ``context.state``.
+the next step's batch). The local and pre-trained models and the log-weights live in
+``context.state``.
 """
 
 from __future__ import annotations
@@ -43,82 +48,119 @@ from flowerbed.datasets.streams import num_steps
 from flowerbed.training import to_record
 
 LOCAL, HEDGE = "fedpoe.local", "fedpoe.hedge"
-PRETRAINED = "fedpoe.pretrained"  # the server's record for a client without a local model yet
+PRETRAINED = "fedpoe.pretrained"  # the pool's model; the server sends it until a client holds it
 
 
 def hedge_step(log_w: np.ndarray, losses: np.ndarray, eta: float) -> np.ndarray:
-    """Hedge in log space: log w_j − η·loss_j, shifted so that the largest is 0."""
-    out = np.asarray(log_w, np.float64) - eta * np.asarray(losses, np.float64)
+    """Hedge in log space: log w_j − η·loss_j, shifted so that the largest is 0. A non-finite
+    loss (a diverged model) takes the model's weight to 0; if every loss is, nothing moves."""
+    log_w = np.asarray(log_w, np.float64)
+    out = log_w - eta * np.where(np.isfinite(losses), losses, np.inf)
+    if not np.isfinite(out).any():
+        out = log_w
     return out - out.max()
 
 
 def mixture(log_w: np.ndarray, logits: list[torch.Tensor]) -> torch.Tensor:
-    """log Σ_j softmax(log_w)_j · softmax(logits_j): the mixture's log-probabilities."""
+    """log Σ_j softmax(log_w)_j · softmax(logits_j): the mixture's log-probabilities (which are
+    its own logits: a mixture can be mixed again)."""
     lw = torch.log_softmax(torch.as_tensor(log_w, dtype=logits[0].dtype, device=logits[0].device), 0)
     return torch.logsumexp(torch.stack([w + torch.log_softmax(z, 1) for w, z in zip(lw, logits,
                                                                                   strict=True)]), 0)
 
 
+class Mixture(nn.Module):
+    """Models mixed by Hedge weights, as a model (its output: log-probabilities), so that the
+    unsupervised risk of a mixture is computed as a model's."""
+
+    def __init__(self, models: list[nn.Module], log_w: np.ndarray) -> None:
+        super().__init__()
+        self.parts, self.log_w = models, log_w  # (a plain list: nothing to train or save)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return mixture(self.log_w, [m(x) for m in self.parts])
+
+
 class FedPOEClient(FedADEClient):
     def data_line(self) -> str:
-        return super().data_line() + "; a local and the federated model, mixed by Hedge"
+        return super().data_line() + "; local, federated and pre-trained models, mixed by Hedge"
 
     def model_for(self, msg: Message) -> nn.Module:
         """The federated model: every layer is averaged (no personal layers)."""
         return self.model_with(msg.content["arrays"])
 
-    def local_for(self, msg: Message) -> nn.Module:
-        """This client's local model (the pre-trained one the server sends, before it has one)."""
+    def pretrained_for(self, msg: Message) -> ArrayRecord:
+        """The pre-trained model: this client's copy, or the one the server sends until it has one."""
+        own = self.context.state.array_records.get(PRETRAINED)
+        if own is None and PRETRAINED not in msg.content.array_records:
+            raise RuntimeError(f"partition {self.partition_id}: this client holds no local model of "
+                               "its own (its context.state was lost?) and the message has no pre-trained "
+                               "one; the server sends it next time")
+        return own if own is not None else msg.content[PRETRAINED]
+
+    def models(self, msg: Message) -> tuple[nn.Module, nn.Module, nn.Module]:
+        """(local, federated, pre-trained); a local model starts as the pre-trained one."""
+        pre = self.pretrained_for(msg)
         own = self.context.state.array_records.get(LOCAL)
-        return self.model_with(own if own is not None else msg.content[PRETRAINED])
+        return (self.model_with(own if own is not None else pre), self.model_for(msg),
+                self.model_with(pre).eval())
 
     def log_weights(self) -> tuple[np.ndarray, int]:
-        """(log a, log b) and the time step they were last moved at (−1: never)."""
+        """(log a, log b, log c, log d) and the time step they last moved at (−1: never)."""
         rec = self.context.state.array_records.get(HEDGE)
         if rec is None:
-            return np.zeros(2), -1
+            return np.zeros(4), -1
         return rec["log_w"].numpy().copy(), int(rec["t"].numpy()[0])
 
-    def predict(self, models: list[nn.Module], x: torch.Tensor, log_w: np.ndarray) -> torch.Tensor:
+    @staticmethod
+    def ensemble(local: nn.Module, fed: nn.Module, pre: nn.Module, log_w: np.ndarray) -> Mixture:
+        return Mixture([Mixture([local, fed], log_w[:2]), pre], log_w[2:])
+
+    def predict(self, ensemble: Mixture, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            return mixture(log_w, [m.eval()(x) for m in models])
+            return ensemble.eval()(x)
 
     def train(self, msg: Message) -> Message:
         cfg = self.cfg
-        fed, local = self.model_for(msg), self.local_for(msg)
+        local, fed, pre = self.models(msg)
         x, y, t = self.batch(msg)
         log_w, moved = self.log_weights()
-        pre = {}
+        metrics = {}
         if t == 0 and int(msg.content["config"]["fedade-round-in-step"]) == 0:
-            pred = self.predict([local, fed], x, log_w).argmax(1)
-            pre = {"pre-correct": int((pred == y).sum()), "pre-n": len(y)}
+            pred = self.predict(self.ensemble(local, fed, pre, log_w), x).argmax(1)
+            metrics = {"pre-correct": int((pred == y).sum()), "pre-n": len(y)}
         if moved < t:  # the step's Hedge update, with the models as they meet its batch
+            first = Mixture([local, fed], log_w[:2])
             with torch.no_grad():
-                risks = [float(self.risk(m.eval(), x, msg)) for m in (local, fed)]
-            log_w = hedge_step(log_w, np.array(risks), 1 / math.sqrt(num_steps(cfg)))
+                u = [float(self.risk(m.eval(), x, msg)) for m in (local, fed, first, pre)]
+            eta = 1 / math.sqrt(num_steps(cfg))
+            log_w = np.concatenate([hedge_step(log_w[:2], np.array(u[:2]), eta),
+                                    hedge_step(log_w[2:], np.array(u[2:]), eta)])
             moved = t
         lr = cfg.fedade_fixed_lr
         loss = self.adapt(fed, x, msg, lr)
         self.adapt(local, x, msg, lr)
         self.context.state[LOCAL] = to_record(local)
+        if PRETRAINED not in self.context.state.array_records:
+            self.context.state[PRETRAINED] = self.pretrained_for(msg)
         self.context.state[HEDGE] = ArrayRecord({"log_w": Array(log_w),
                                                  "t": Array(np.array([moved], np.int64))})
-        weight = float(np.exp(log_w[1]) / np.exp(log_w).sum())
-        metrics = {"num-examples": len(y), "lr": lr, "fed-weight": weight, "time-step": t,
-                   "risk": loss if np.isfinite(loss) else 0.0, **pre}
+        w = np.exp(log_w)  # (each pair's largest is 1)
+        metrics.update({"num-examples": len(y), "lr": lr, "time-step": t,
+                        "fed-weight": float(w[1] / w[:2].sum()), "pool-weight": float(w[3] / w[2:].sum()),
+                        "risk": loss if np.isfinite(loss) else 0.0})
         return self.reply(msg, metrics, arrays=to_record(fed))
 
     def evaluate(self, msg: Message) -> Message:
         """Online accuracy of the mixture on this step's batch, and (``next-correct``) on the
         next step's, before adapting to it; Fed-ADE's :meth:`FedADEClient.evaluate` otherwise."""
-        models = [self.local_for(msg), self.model_for(msg)]
+        ensemble = self.ensemble(*self.models(msg), self.log_weights()[0])
         x, y, t = self.batch(msg)
-        log_w, _ = self.log_weights()
-        logp = self.predict(models, x, log_w)
+        logp = self.predict(ensemble, x)
         metrics = {"num-examples": len(y), "accuracy": float((logp.argmax(1) == y).float().mean()),
                    "loss": float(F.nll_loss(logp, y)), "time-step": t}
         if t + 1 < num_steps(self.cfg):
             xn, yn = self.step_batch(t + 1)
-            metrics.update({"next-correct": int((self.predict(models, xn, log_w).argmax(1) == yn).sum()),
+            metrics.update({"next-correct": int((self.predict(ensemble, xn).argmax(1) == yn).sum()),
                             "next-n": len(yn)})
         return self.reply(msg, metrics)

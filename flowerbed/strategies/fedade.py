@@ -61,9 +61,9 @@ class FedADEStrategy(FedRepStrategy):
         if not any(client_weight(cfg, p, t) for p in range(num_partitions) for t in range(steps)):
             why = ("a single time step" if steps == 1 else
                    f"fedade-ber-p={cfg.fedade_ber_p:g}: no chain flips in {steps} steps")
-            log.warning("Fed-ADE: the streams never shift (w = 0 at every step: %s), so every "
+            log.warning("%s: the streams never shift (w = 0 at every step: %s), so every "
                         "client sees the pre-training %s all run; more steps: num-server-rounds = "
-                        "steps x fedade-rounds-per-step (%d)", why,
+                        "steps x fedade-rounds-per-step (%d)", cfg.method, why,
                         "label mix" if cfg.fedade_shift == "label" else "images, uncorrupted",
                         cfg.fedade_rounds_per_step)
 
