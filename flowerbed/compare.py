@@ -303,8 +303,8 @@ CLIENT_NOTE = ("client acc: every method on the clients' local test splits, with
                "personalised methods).")
 #: the methods whose final acc is not the global model on the test set: FINAL_NOTE says what
 OWN_MEASURES = {m for methods, _ in own_measures() for m in methods}
-STREAM_NOTE = ("mean online acc: a stream's result (Fed-ADE), the online accuracy averaged over "
-               "the time steps; mean pre-update acc: the same, each step's batch scored before "
+STREAM_NOTE = ("mean online acc: a stream's result (Fed-ADE, Fed-POE), the online accuracy averaged "
+               "over the time steps; mean pre-update acc: the same, each step's batch scored before "
                "adapting to it.")
 
 
