@@ -317,8 +317,10 @@ def progress_line(row: dict[str, Any]) -> str:
         return (f"[round 0/{row.get('rounds', '?')}] initial model: acc {f('accuracy', '.4f')} "
                 f"loss {f('loss', '.4f')}")
     t = time_step(row)
-    stream = "" if t is None else (  # Fed-ADE: its step, rate and risk
+    stream = "" if t is None else (  # Fed-ADE: its step, rate and risk (Fed-POE: its weights)
         f" | step {t} lr {f('lr', '.2e')} risk {f('risk', '.4f')}"
+        f"{'' if row.get('fed-weight') is None else ' fed-w ' + f('fed-weight', '.3f')}"
+        f"{'' if row.get('pool-weight') is None else ' pool-w ' + f('pool-weight', '.3f')}"
         f"{'' if row.get('pre-accuracy') is None else ' pre-acc ' + f('pre-accuracy', '.4f')}")
     return (f"[round {row['round']}/{row.get('rounds', '?')}] "
             f"acc {f('accuracy', '.4f')} loss {f('loss', '.4f')} | "

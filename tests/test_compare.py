@@ -718,6 +718,9 @@ def test_progress_line_of_a_stream_and_of_a_model_not_scored_on_the_server():
     line = progress_line({"round": 1, "rounds": 4, "time-step": 0.0, "lr": 1e-5, "risk": 0.7,
                           "pre-accuracy": 0.625})
     assert "| step 0 lr 1.00e-05 risk 0.7000 pre-acc 0.6250 |" in line
+    poe = progress_line({"round": 3, "rounds": 4, "time-step": 1.0, "lr": 5e-4, "risk": 0.3,
+                         "fed-weight": 0.4712, "pool-weight": 0.5})  # Fed-POE's Hedge weights
+    assert "| step 1 lr 5.00e-04 risk 0.3000 fed-w 0.471 pool-w 0.500 |" in poe
     assert progress_line({"round": 0, "rounds": 4}).endswith("initial model: not scored on the server")
     assert "acc 0.1000" in progress_line({"round": 0, "rounds": 4, "accuracy": 0.1})
 

@@ -755,9 +755,11 @@ def test_a_resumed_stateless_client_says_nothing_of_state(tmp_path, caplog):
 def test_a_fed_ade_run_is_not_extended_with_more_rounds(tmp_path):
     """Fed-ADE's streams are built for its number of rounds (lin over 2 steps is w = 0, 1; over
     4 it is 0, 1/3, 2/3, 1): an extended run mixed the kept steps of one stream with another."""
-    old = {"method": "fedade", "num-server-rounds": 4, "resume": ""}
-    with pytest.raises(checkpoint.CheckpointError, match="num-server-rounds: 4 -> 8.*Fed-ADE's streams"):
-        checkpoint.check_compatible(old, {**old, "num-server-rounds": 8}, tmp_path)
+    for method in ("fedpoe", "fedade"):  # (Fed-POE runs on Fed-ADE's streams)
+        old = {"method": method, "num-server-rounds": 4, "resume": ""}
+        with pytest.raises(checkpoint.CheckpointError,
+                           match="num-server-rounds: 4 -> 8.*Fed-ADE or Fed-POE run's streams"):
+            checkpoint.check_compatible(old, {**old, "num-server-rounds": 8}, tmp_path)
     assert checkpoint.config_changes(old, {**old, "num-server-rounds": 8}) == ["num-server-rounds: 4 -> 8"]
     checkpoint.check_compatible(old, {**old, "resume": "x"}, tmp_path)  # resuming it is fine
     other = {**old, "method": "fedavg"}
@@ -770,10 +772,10 @@ def test_a_fed_ade_run_is_not_extended_with_more_rounds(tmp_path):
         {**Config.from_run_config(rc).to_run_config(), "num-partitions": 3}))
     (tmp_path / "summary.json").write_text("{}")
     assert earlier_run(tmp_path, rc, 3) == "keep"
-    with pytest.raises(ConfigError, match="a Fed-ADE run cannot be extended .* another --out"):
+    with pytest.raises(ConfigError, match="a Fed-ADE or Fed-POE run cannot be extended .* another --out"):
         earlier_run(tmp_path, {**rc, "num-server-rounds": 8}, 3)
     # run --resume of it: not "raise num-server-rounds", which the resume then refuses
-    assert "a Fed-ADE run cannot be extended" in checkpoint.finished_reason(tmp_path, 4)
+    assert "a Fed-ADE or Fed-POE run cannot be extended" in checkpoint.finished_reason(tmp_path, 4)
 
 
 def test_a_diverged_run_reports_no_accuracy_and_keeps_its_model(tmp_path, monkeypatch, caplog):
