@@ -43,7 +43,7 @@ from flwr.app import Array, ArrayRecord, Message
 from torch import nn
 from torch.nn import functional as F
 
-from flowerbed.clients.fedade import FedADEClient
+from flowerbed.clients.fedade import FedADEClient, correct
 from flowerbed.datasets.streams import num_steps
 from flowerbed.training import to_record
 
@@ -116,10 +116,6 @@ class FedPOEClient(FedADEClient):
     def ensemble(local: nn.Module, fed: nn.Module, pre: nn.Module, log_w: np.ndarray) -> Mixture:
         return Mixture([Mixture([local, fed], log_w[:2]), pre], log_w[2:])
 
-    def predict(self, ensemble: Mixture, x: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return ensemble.eval()(x)
-
     def train(self, msg: Message) -> Message:
         cfg = self.cfg
         local, fed, pre = self.models(msg)
@@ -127,8 +123,8 @@ class FedPOEClient(FedADEClient):
         log_w, moved = self.log_weights()
         metrics = {}
         if t == 0 and int(msg.content["config"]["fedade-round-in-step"]) == 0:
-            pred = self.predict(self.ensemble(local, fed, pre, log_w), x).argmax(1)
-            metrics = {"pre-correct": int((pred == y).sum()), "pre-n": len(y)}
+            metrics = {"pre-correct": correct(self.ensemble(local, fed, pre, log_w).eval(), x, y),
+                       "pre-n": len(y)}
         if moved < t:  # the step's Hedge update, with the models as they meet its batch
             first = Mixture([local, fed], log_w[:2])
             with torch.no_grad():
@@ -154,13 +150,13 @@ class FedPOEClient(FedADEClient):
     def evaluate(self, msg: Message) -> Message:
         """Online accuracy of the mixture on this step's batch, and (``next-correct``) on the
         next step's, before adapting to it; Fed-ADE's :meth:`FedADEClient.evaluate` otherwise."""
-        ensemble = self.ensemble(*self.models(msg), self.log_weights()[0])
+        ensemble = self.ensemble(*self.models(msg), self.log_weights()[0]).eval()
         x, y, t = self.batch(msg)
-        logp = self.predict(ensemble, x)
+        with torch.no_grad():
+            logp = ensemble(x)
         metrics = {"num-examples": len(y), "accuracy": float((logp.argmax(1) == y).float().mean()),
                    "loss": float(F.nll_loss(logp, y)), "time-step": t}
         if t + 1 < num_steps(self.cfg):
             xn, yn = self.step_batch(t + 1)
-            metrics.update({"next-correct": int((self.predict(ensemble, xn).argmax(1) == yn).sum()),
-                            "next-n": len(yn)})
+            metrics.update({"next-correct": correct(ensemble, xn, yn), "next-n": len(yn)})
         return self.reply(msg, metrics)

@@ -26,7 +26,4 @@ class FedPOEStrategy(FedADEStrategy):
         return False  # (Fed-ADE's fedade-sync: Fed-POE always shares its federated model)
 
     def content_for(self, node: int, content: RecordDict) -> RecordDict:
-        pid = self.partition_of.get(node)
-        if pid in self.holding and self._holder.get(pid, node) == node:
-            return content
-        return with_record(content, PRETRAINED, self._pretrained)
+        return content if self.holds(node) else with_record(content, PRETRAINED, self._pretrained)

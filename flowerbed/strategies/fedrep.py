@@ -32,10 +32,15 @@ class FedRepStrategy(PersonalStrategy):
     def subset_keys(self, key: str, reference: ArrayRecord) -> set[str] | None:
         return {k for k in reference if not is_head(k)}  # the whole body, never the head
 
+    def holds(self, node: int) -> bool:
+        """Whether ``node`` holds its partition's own layers: it filed them, and no other node
+        serves that partition now."""
+        pid = self.partition_of.get(node)
+        return pid in self.holding and self._holder.get(pid, node) == node
+
     def content_for(self, node: int, content: RecordDict) -> RecordDict:
-        key, pid = self.arrayrecord_key, self.partition_of.get(node)
-        if (pid not in self.holding or self._holder.get(pid, node) != node  # another node now
-                or key not in content.array_records):
+        key = self.arrayrecord_key
+        if not self.holds(node) or key not in content.array_records:
             return content
         arrays = content.array_records[key]
         shared = self.subset_keys(key, arrays) or set(arrays)
