@@ -25,7 +25,7 @@ PARTITION_KINDS = ("iid", "dirichlet", "pathological", "shards")
 FEDX_BASES = ("simclr", "byol", "fedu", "moco", "protocl")
 DISTILL_METHODS = ("fedcc", "feddf", "fedmd")
 #: methods scored by personalised accuracy on the clients' local test splits
-PERSONAL_METHODS = ("fedfew", "ifca", "fedrep", "ditto", "apfl", "fedamp", "local", "fedavg-ft")
+PERSONAL_METHODS = ("fedfew", "ifca", "fedsoft", "fedrep", "ditto", "apfl", "fedamp", "local", "fedavg-ft")
 #: self-supervised methods: trained on pairs of views, scored by a linear probe
 SSL_METHODS = ("fedsimclr", "fedbyol", "fedu", "fedmoco", "fedprotocl", "fedx")
 #: adaptation to unlabelled, shifting streams (Fed-ADE's streams, rounds and online accuracy)
@@ -119,7 +119,7 @@ class Partition:
 #: method missing here hides a real difference: tests/test_resume.py checks that every method's
 #: runs read no key outside this. The ServerApp warns of a key set for a method not reading it.
 KEY_READERS: dict[str, tuple[str, ...]] = {
-    **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedfew", "fedrep", "ditto",
+    **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedfew", "fedsoft", "fedrep", "ditto",
                           "apfl", "fedamp", "feddyn", "scaffold", "fedlc", "fedrs", "fedsam",
                           "fedvls", "fedmr")},
     "probe": SSL_METHODS, "ssl": SSL_METHODS,
@@ -128,7 +128,7 @@ KEY_READERS: dict[str, tuple[str, ...]] = {
     "protocl": ("fedprotocl", "fedx"),
     "distill": DISTILL_METHODS, "hetero": DISTILL_METHODS,
     "proximal-mu": ("fedprox", "fedx"),  # FedX: with fedx-global='prox' only
-    "finetune": ("fedavg-ft",), "num-models": ("fedfew", "ifca"),
+    "finetune": ("fedavg-ft",), "num-models": ("fedfew", "ifca", "fedsoft"),
     "fedade": STREAM_METHODS,  # Fed-POE reads the streams', the risk's, the steps' and fixed-lr; not:
     **{k: ("fedade",) for k in ("fedade-lr-mode", "fedade-lr-min", "fedade-lr-max", "fedade-estimators",
                                 "fedade-unc", "fedade-rep-ref", "fedade-sync", "fedade-correction")},
@@ -141,7 +141,7 @@ def reads(method: Any, key: str) -> bool:
     return readers is None or method in readers
 
 
-#: the most server models (num-models) FedFew and IFCA accept
+#: the most server models (num-models) FedFew, IFCA and FedSoft accept
 MAX_MODELS = 100
 
 #: the largest Dirichlet alpha accepted (beyond it the split is iid in all but name)
@@ -275,6 +275,9 @@ class Config:
     fault_fraction: float
     fault_kind: str
     fault_crash_after: int
+    fedsoft_lambda: float
+    fedsoft_tau: int
+    fedsoft_sigma: float
     fedrep_head_epochs: int
     ditto_lambda: float
     ditto_personal_epochs: int
@@ -363,7 +366,7 @@ class Config:
                          "moco-queue",
                          "fedade-rounds-per-step", "fedade-batch", "fedade-steps", "fedade-pretrain-epochs",
                          "fedxds-warmup-rounds",  # FedXDS shares in its last warm-up round
-                         "ditto-personal-epochs")
+                         "ditto-personal-epochs", "fedsoft-tau")
         for key in ("distill-epochs", "fedcc-ssl-epochs", "fedrep-head-epochs", "finetune-epochs",
                     "fedmr-first-stage", "protocl-warmup-rounds"):
             if getattr(self, key.replace("-", "_")) < 0:
@@ -506,6 +509,9 @@ class Config:
         if not 0 <= self.fedrs_alpha <= 1:
             raise ConfigError("fedrs-alpha", self.fedrs_alpha,
                               "must be in [0, 1] (the scale of the absent classes' logits; 1 is FedAvg)")
+        if not 0 < self.fedsoft_sigma <= 1:
+            raise ConfigError("fedsoft-sigma", self.fedsoft_sigma,
+                              "must be in (0, 1] (the smallest importance weight; the official code: 1e-4)")
         if not 0 <= self.apfl_alpha <= 1:
             raise ConfigError("apfl-alpha", self.apfl_alpha,
                               "must be in [0, 1] (the weight of the personal model)")
@@ -518,7 +524,7 @@ class Config:
                 raise ConfigError(key, v, "must be in [0, 1)")
         for key in ("weight-decay", "proximal-mu", "ditto-lambda", "apfl-alpha-lr", "fedcc-lambda",
                     "fedxds-lambda", "fedxds-sigma", "fedxds-epsilon", "fedade-fixed-lr", "fedade-lr-min",
-                    "fedade-lr-max", "fedlc-tau", "fedvls-lambda"):
+                    "fedade-lr-max", "fedlc-tau", "fedvls-lambda", "fedsoft-lambda"):
             v = getattr(self, key.replace("-", "_"))
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number >= 0")

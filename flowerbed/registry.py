@@ -29,6 +29,7 @@ from flowerbed.clients.fedrep import FedRepClient
 from flowerbed.clients.fedrs import FedRSClient
 from flowerbed.clients.fedsam import FedSAMClient
 from flowerbed.clients.fedsimclr import SimCLRClient, make_ssl_model
+from flowerbed.clients.fedsoft import FedSoftClient
 from flowerbed.clients.fedu import FedUClient
 from flowerbed.clients.fedvls import FedVLSClient
 from flowerbed.clients.fedx import fedx_client
@@ -53,6 +54,7 @@ from flowerbed.strategies.fedmr import FedMRStrategy
 from flowerbed.strategies.fednova import FedNovaStrategy
 from flowerbed.strategies.fedpoe import FedPOEStrategy
 from flowerbed.strategies.fedrep import FedRepStrategy
+from flowerbed.strategies.fedsoft import FedSoftStrategy
 from flowerbed.strategies.fedx import FedXStrategy
 from flowerbed.strategies.fedxds import FedXDSStrategy
 from flowerbed.strategies.ifca import IFCAStrategy
@@ -118,6 +120,8 @@ METHODS: dict[str, Method] = {
                "FedFew (Guo et al., 2026): K server models, smooth Tchebycheff weights"),
         Method("ifca", IFCAStrategy, IFCAClient, make_model,
                "IFCA (Ghosh et al., 2020): K cluster models, hard assignment"),
+        Method("fedsoft", FedSoftStrategy, FedSoftClient, make_model,
+               "FedSoft (Ruan & Joe-Wong, 2022): S cluster centres, soft assignment, local models"),
         Method("fedrep", FedRepStrategy, FedRepClient, make_model,
                "FedRep (Collins et al., 2021): shared body, personal head"),
         Method("ditto", DittoStrategy, DittoClient, make_model,

@@ -19,5 +19,5 @@ EXTRA = {
     **{m: {"fedade-rounds-per-step": 1, "fedade-batch": 20, "fedade-pretrain-epochs": 1,
            "train-samples": 2000, "min-partition-size": 6} for m in ("fedade", "fedpoe")},
     **{m: {"num-models": 2, "local-test-fraction": 0.25, "partition": "pathological:2"}
-       for m in ("fedfew", "ifca", "fedrep", "ditto", "apfl", "fedamp", "local", "fedavg-ft")},
+       for m in ("fedfew", "ifca", "fedsoft", "fedrep", "ditto", "apfl", "fedamp", "local", "fedavg-ft")},
 }

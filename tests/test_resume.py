@@ -130,7 +130,7 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path, method, monkeypatch, 
         (tmp_path / "full" / "config.json").read_text())["run-id"]
     for d in (tmp_path / "client-state" / key).glob("partition-*"):  # the newest state only
         assert [f.name for f in d.iterdir()] == ["round-2.pt"]
-    if method in ("scaffold", "feddyn", "local", "ditto", "apfl", "fedbyol", "fedu", "fedmoco",
+    if method in ("scaffold", "feddyn", "local", "ditto", "apfl", "fedsoft", "fedbyol", "fedu", "fedmoco",
                   "fedprotocl"):  # filed
         assert list((tmp_path / "client-state" / key).glob("partition-*"))
     if method in PERSONAL_METHODS:  # their headline score is the personalised one (regression:

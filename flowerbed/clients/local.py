@@ -17,9 +17,10 @@ STATE = "local.model"
 
 class LocalClient(Client):
     keeps_state = True
+    state_key = STATE  # where its model is kept (FedSoft's client keeps its own under another name)
 
     def own_model(self) -> nn.Module:
-        if (own := self.state_model(STATE)) is not None:
+        if (own := self.state_model(self.state_key)) is not None:
             return own
         with torch.random.fork_rng(devices=[]):  # the CPU's only: the model is built there
             torch.manual_seed(self.cfg.seed)  # the ServerApp's initialisation of every method
@@ -28,7 +29,7 @@ class LocalClient(Client):
     def train(self, msg: Message) -> Message:
         model = self.own_model()
         loss, _ = self.fit(model, msg, self.round_of(msg))
-        self.context.state[STATE] = to_record(model)
+        self.context.state[self.state_key] = to_record(model)
         return self.reply(msg, {"num-examples": len(self.train_data), "train-loss": loss})
 
     def evaluate(self, msg: Message) -> Message:

@@ -1,0 +1,114 @@
+"""FedSoft: importance weights, the proximal pull towards the centres, the centres' update, and
+the client's local model and kept estimate."""
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from torch import nn
+
+from flowerbed.clients.fedsoft import IMPORTANCE, importance, pull
+from flowerbed.config import Config, ConfigError
+from flowerbed.datasets.loading import DataSet
+from flowerbed.strategies.fedsoft import FedSoftStrategy
+from flowerbed.strategies.personal import pack, unpack
+from tests.conftest import prepared, reply, sent
+from tests.test_fedfew import SMALL, client
+
+
+class Says(nn.Module):
+    """Logits that always favour one class."""
+
+    def __init__(self, cls: int, classes: int = 4) -> None:
+        super().__init__()
+        self.logits = nn.Parameter(torch.full((classes,), -5.0).index_fill(0, torch.tensor(cls), 5.0))
+
+    def forward(self, x):
+        return self.logits.expand(len(x), -1)
+
+
+def test_importance_is_each_centres_share_of_lowest_losses_with_the_floor():
+    y = torch.tensor([0, 0, 0, 1, 3, 3, 3, 3])  # class 2: no sample; centre 2 says 2
+    data = DataSet("fashion-mnist", torch.zeros(8, 1, 2, 2, dtype=torch.uint8), y, 4)
+    u = importance([Says(0), Says(1), Says(2), Says(3)], data, torch.device("cpu"), 1e-4)
+    assert u == [3 / 8, 1 / 8, 1e-4, 4 / 8]
+
+
+def test_the_pull_has_the_gradient_of_the_sum_over_centres():
+    torch.manual_seed(0)
+    centres = [nn.Linear(3, 2) for _ in range(3)]
+    direct = [[p.detach().clone() for p in c.parameters()] for c in centres]
+    w, u, lam = nn.Linear(3, 2), [0.5, 0.2, 1e-4], 0.3
+    pull(centres, u, lam)(w).backward()
+    mine = [p.grad.clone() for p in w.parameters()]
+    w.zero_grad()
+    sum((lam / 2) * us * sum(((p - q) ** 2).sum() for p, q in zip(w.parameters(), c, strict=True))
+        for us, c in zip(u, direct, strict=True)).backward()
+    assert all(torch.allclose(a, p.grad, atol=1e-6) for a, p in zip(mine, w.parameters(), strict=True))
+
+
+def rec(v):
+    return ArrayRecord({"w": Array(np.full((2, 2), v, np.float32))})
+
+
+def answer(msg, v, u, n=10):
+    return reply(msg, RecordDict({"arrays": rec(v), "metrics": MetricRecord(
+        {"num-examples": n, "train-loss": 0.5, "importance": u})}))
+
+
+def test_each_centre_is_the_importance_weighted_mean_of_the_local_models():
+    s = FedSoftStrategy(Config.from_run_config({"method": "fedsoft", "num-models": 2, "min-clients": 1}))
+    msgs = prepared(s, [100, 101, 102])
+    s._models, s._reference = [rec(0.0), rec(1.0)], rec(0.0)
+    out, metrics = s.aggregate_train(1, [answer(msgs[0], 1.0, [0.75, 0.25], 10),
+                                         answer(msgs[1], 5.0, [1e-4, 1.0], 30),
+                                         answer(msgs[2], 9.0, [0.5, float("nan")])])  # rejected
+    got = unpack(out, 2)
+    assert np.allclose(got[0]["w"].numpy(), (7.5 * 1 + 0.003 * 5) / 7.503)
+    assert np.allclose(got[1]["w"].numpy(), (2.5 * 1 + 30 * 5) / 32.5)
+    assert metrics["model-0-importance"] == pytest.approx(7.503 / 40.003)
+    assert "importance" not in metrics
+    assert [f["partition"] for f in s.round.failed] == [2]
+    assert "importance" in s.round.failed[0]["reason"]
+    assert s.eval_content(pack([rec(0.0), rec(1.0)])).array_records == {}  # scored on w_i alone
+
+
+def test_the_client_keeps_its_model_and_its_estimate_for_tau_rounds():
+    from flowerbed.clients.base import make_model
+    from flowerbed.datasets.federated import train_set
+    from flowerbed.training import to_record
+
+    c, cfg, ctx = client("fedsoft")
+    torch.manual_seed(1)
+    centres = [to_record(make_model(cfg, train_set(cfg))) for _ in range(2)]
+
+    def train(rnd, models):
+        return c.train(sent(4, RecordDict({**{f"model.{k}": m for k, m in enumerate(models)},
+                                           "config": ConfigRecord({"server-round": rnd})})))
+
+    out = train(1, centres)
+    u1 = out.content["metrics"]["importance"]
+    assert len(u1) == 2 and sum(u1) == pytest.approx(1, abs=2e-4)
+    w1 = ctx.state[c.state_key]
+    assert all(np.array_equal(w1[k].numpy(), out.content["arrays"][k].numpy()) for k in w1)
+    # round 2, same interval (tau = 2): the estimate is kept even though the centres changed
+    assert train(2, centres[::-1]).content["metrics"]["importance"] == u1
+    assert ctx.state[IMPORTANCE]["interval"] == 0
+    out3 = train(3, centres[::-1])  # a new interval: estimated again, on the swapped centres
+    assert out3.content["metrics"]["importance"] == pytest.approx(u1[::-1])
+    # the local model carries on from its own state, not from a centre
+    fresh, _, _ = client("fedsoft")
+    fresh_out = fresh.train(sent(4, RecordDict({**{f"model.{k}": m for k, m in enumerate(centres[::-1])},
+                                                "config": ConfigRecord({"server-round": 3})})))
+    assert not np.allclose(out3.content["arrays"]["fc2.weight"].numpy(),
+                           fresh_out.content["arrays"]["fc2.weight"].numpy())
+    ev = c.evaluate(sent(4, RecordDict({"config": ConfigRecord({"server-round": 3})}), "evaluate"))
+    assert 0 <= ev.content["metrics"]["accuracy"] <= 1
+
+
+@pytest.mark.parametrize(("key", "value"), [("fedsoft-sigma", 0.0), ("fedsoft-sigma", 1.5),
+                                            ("fedsoft-tau", 0), ("fedsoft-lambda", -1.0),
+                                            ("fedsoft-lambda", float("nan"))])
+def test_out_of_range_settings_are_refused_by_name(key, value):
+    with pytest.raises(ConfigError, match=key):
+        Config.from_run_config({**SMALL, "method": "fedsoft", key: value})
