@@ -119,7 +119,7 @@ class Partition:
 #: method missing here hides a real difference: tests/test_resume.py checks that every method's
 #: runs read no key outside this. The ServerApp warns of a key set for a method not reading it.
 KEY_READERS: dict[str, tuple[str, ...]] = {
-    **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedfew", "fedsoft", "fedrep", "ditto",
+    **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedfew", "fedsoft", "fedmgda", "fedrep", "ditto",
                           "apfl", "fedamp", "feddyn", "scaffold", "fedlc", "fedrs", "fedsam",
                           "fedvls", "fedmr")},
     "probe": SSL_METHODS, "ssl": SSL_METHODS,
@@ -275,6 +275,8 @@ class Config:
     fault_fraction: float
     fault_kind: str
     fault_crash_after: int
+    fedmgda_epsilon: float
+    fedmgda_lr: float
     fedsoft_lambda: float
     fedsoft_tau: int
     fedsoft_sigma: float
@@ -493,7 +495,7 @@ class Config:
         for key in ("lr", "scaffold-server-lr", "round-timeout", "probe-lr", "ssl-tau",
                     "fedx-tau-target", "fedx-tau-local", "fedu-mu", "distill-lr", "fedfew-mu",
                     "fedfew-server-lr", "fedxds-clip", "fedamp-alpha", "fedamp-sigma", "fedamp-lambda",
-                    "feddyn-alpha", "fedsam-rho"):
+                    "feddyn-alpha", "fedsam-rho", "fedmgda-lr"):
             v = getattr(self, key.replace("-", "_"))
             if not (v > 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number > 0")
@@ -509,6 +511,9 @@ class Config:
         if not 0 <= self.fedrs_alpha <= 1:
             raise ConfigError("fedrs-alpha", self.fedrs_alpha,
                               "must be in [0, 1] (the scale of the absent classes' logits; 1 is FedAvg)")
+        if not 0 <= self.fedmgda_epsilon <= 1:
+            raise ConfigError("fedmgda-epsilon", self.fedmgda_epsilon,
+                              "must be in [0, 1] (how far a client's weight may move from its sample share)")
         if not 0 < self.fedsoft_sigma <= 1:
             raise ConfigError("fedsoft-sigma", self.fedsoft_sigma,
                               "must be in (0, 1] (the smallest importance weight; the official code: 1e-4)")

@@ -50,6 +50,7 @@ from flowerbed.strategies.feddf import FedDFStrategy
 from flowerbed.strategies.feddyn import FedDynStrategy
 from flowerbed.strategies.fedfew import FedFewStrategy
 from flowerbed.strategies.fedmd import FedMDStrategy
+from flowerbed.strategies.fedmgda import FedMGDAStrategy
 from flowerbed.strategies.fedmr import FedMRStrategy
 from flowerbed.strategies.fednova import FedNovaStrategy
 from flowerbed.strategies.fedpoe import FedPOEStrategy
@@ -88,6 +89,8 @@ METHODS: dict[str, Method] = {
                "FedNova (Wang et al., 2020): updates normalised by each client's local steps"),
         Method("feddyn", FedDynStrategy, FedDynClient, make_model,
                "FedDyn (Acar et al., 2021): dynamic regularisation, a linear term kept per client"),
+        Method("fedmgda", FedMGDAStrategy, FedAvgClient, make_model,
+               "FedMGDA+ (Hu et al., 2022): FedAvg's clients, a min-norm common descent direction"),
         Method("fedlc", FedAvgStrategy, FedLCClient, make_model,
                "FedLC (Zhang et al., 2022): FedAvg, local logits calibrated by the client's label counts"),
         Method("fedrs", FedAvgStrategy, FedRSClient, make_model,

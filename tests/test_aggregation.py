@@ -616,3 +616,51 @@ def test_fednova_gradient_weight_is_what_the_optimiser_applied(momentum):
         (w.weight * 2.0).sum().backward()  # gradient 2 at every step
         opt.step()
     assert -w.weight.item() == pytest.approx(0.1 * 2.0 * gradient_weight(7, momentum), rel=1e-5)
+
+
+def test_fedmgda_min_norm_weights_against_a_grid_search():
+    """argmin λᵀGλ over the simplex within ε of λ0 (three clients), against a grid; ε = 0 keeps λ0."""
+    from flowerbed.strategies.fedmgda import min_norm_weights
+
+    d = np.array([[1.0, 0.0], [0.0, 1.0], [-0.6, 0.8]])
+    gram, lambda0 = d @ d.T, np.array([0.5, 0.3, 0.2])
+    for eps in (0.05, 0.2, 1.0):
+        lam = min_norm_weights(gram, lambda0, eps)
+        assert lam.sum() == pytest.approx(1) and (lam >= 0).all()
+        assert (np.abs(lam - lambda0) <= eps + 1e-9).all()
+        grid = [np.array([a, b, 1 - a - b]) for a in np.linspace(0, 1, 201) for b in np.linspace(0, 1, 201)
+                if a + b <= 1 and (np.abs(np.array([a, b, 1 - a - b]) - lambda0) <= eps).all()]
+        assert lam @ gram @ lam <= min(g @ gram @ g for g in grid) + 1e-6
+    assert np.array_equal(min_norm_weights(gram, lambda0, 0.0), lambda0)
+
+
+def test_fedmgda_steps_along_the_weighted_normalised_updates(cfg):
+    """ε = 0: θ − η Σ λ0_i d_i with d_i the unit updates; ε = 1 with opposite updates: no common
+    descent direction, so the model stays (FedAvg would move); a client that did not move adds
+    nothing and no NaN."""
+    from flowerbed.strategies.fedmgda import FedMGDAStrategy
+
+    def run(eps, values, ns=(10, 30), lr=0.5):
+        s = FedMGDAStrategy(cfg.replace(method="fedmgda", fedmgda_epsilon=eps, fedmgda_lr=lr))
+        msgs = sent_to(s, list(range(101, 101 + len(values))))
+        s._reference = arrays(0.0)
+        return s.aggregate_train(1, [reply(msg, content(v, n))
+                                     for msg, v, n in zip(msgs, values, ns, strict=True)])
+
+    w = {"w": np.zeros((3, 2)), "b": np.zeros(2)}
+    one, two = {**w, "b": np.array([-3.0, 0.0])}, {**w, "b": np.array([0.0, -4.0])}  # θ − θ_i: (3, 0), (0, 4)
+    out, m = run(0.0, [one, two])
+    assert np.allclose(out["b"].numpy(), [-0.5 * 0.25, -0.5 * 0.75]) and np.allclose(out["w"].numpy(), 0)
+    assert m["mgda-weight-shift"] == 0
+    out, m = run(1.0, [{**w, "b": np.array([-3.0, 0.0])}, {**w, "b": np.array([1.0, 0.0])}])
+    assert np.allclose(out["b"].numpy(), 0, atol=1e-6)
+    assert m["mgda-direction-norm"] == pytest.approx(0, abs=1e-6)
+    out, _ = run(0.0, [one, 0.0])
+    assert np.isfinite(out["b"].numpy()).all() and np.allclose(out["b"].numpy(), [-0.5 * 0.25, 0])
+
+
+@pytest.mark.parametrize(("key", "value"), [("fedmgda-epsilon", -0.1), ("fedmgda-epsilon", 1.5),
+                                            ("fedmgda-lr", 0.0), ("fedmgda-lr", float("inf"))])
+def test_fedmgda_settings_out_of_range_are_refused_by_name(key, value):
+    with pytest.raises(ConfigError, match=key):
+        Config.from_run_config({"method": "fedmgda", key: value})
