@@ -1,4 +1,4 @@
-"""FedFew vs IFCA, FedSoft, FedAvg (global and fine-tuned), FedProx, FedMGDA+, FedRep, Ditto, APFL,
+"""FedFew vs IFCA, FedSoft, CFL, FedAvg (global and fine-tuned), FedProx, FedMGDA+, FedRep, Ditto, APFL,
 FedAMP and Local: personalised accuracy (the global methods' model on each client's local test split).
 
 Fashion-MNIST, 20 clients, pathological:2 and dirichlet:0.1, a 75/25 local train/test split per
@@ -50,8 +50,8 @@ OPT_IN = {"fedfew@fedfew-distinct-init=true": "fedfew (distinct init)",  # repor
 # round's local training, a fine-tuning step the server-model rows do not get (compare it with
 # fedavg-ft, not with fedavg)
 PROTOCOL = {"fedfew@fedfew-eval='local'": "fedfew (official code's evaluation)"}
-METHODS = ["fedfew", *OPT_IN, *PROTOCOL, "ifca", "fedsoft", "fedavg", "fedavg-ft", "fedprox", "fedmgda",
-           "fedrep", "ditto", "apfl", "fedamp", "local"]
+METHODS = ["fedfew", *OPT_IN, *PROTOCOL, "ifca", "fedsoft", "cfl", "fedavg", "fedavg-ft", "fedprox",
+           "fedmgda", "fedrep", "ditto", "apfl", "fedamp", "local"]
 SPLITS = ["pathological:2", "dirichlet:0.1"]
 NUM_CLIENTS = 20
 KEYS = ("client-accuracy", "client-accuracy-min", "client-accuracy-std", "jain-index")

@@ -25,7 +25,8 @@ PARTITION_KINDS = ("iid", "dirichlet", "pathological", "shards")
 FEDX_BASES = ("simclr", "byol", "fedu", "moco", "protocl")
 DISTILL_METHODS = ("fedcc", "feddf", "fedmd")
 #: methods scored by personalised accuracy on the clients' local test splits
-PERSONAL_METHODS = ("fedfew", "ifca", "fedsoft", "fedrep", "ditto", "apfl", "fedamp", "local", "fedavg-ft")
+PERSONAL_METHODS = ("fedfew", "ifca", "fedsoft", "cfl", "fedrep", "ditto", "apfl", "fedamp", "local",
+                    "fedavg-ft")
 #: self-supervised methods: trained on pairs of views, scored by a linear probe
 SSL_METHODS = ("fedsimclr", "fedbyol", "fedu", "fedmoco", "fedprotocl", "fedx")
 #: adaptation to unlabelled, shifting streams (Fed-ADE's streams, rounds and online accuracy)
@@ -119,7 +120,7 @@ class Partition:
 #: method missing here hides a real difference: tests/test_resume.py checks that every method's
 #: runs read no key outside this. The ServerApp warns of a key set for a method not reading it.
 KEY_READERS: dict[str, tuple[str, ...]] = {
-    **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedfew", "fedsoft", "fedmgda", "fedrep", "ditto",
+    **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedfew", "fedsoft", "fedmgda", "cfl", "fedrep", "ditto",
                           "apfl", "fedamp", "feddyn", "scaffold", "fedlc", "fedrs", "fedsam",
                           "fedvls", "fedmr")},
     "probe": SSL_METHODS, "ssl": SSL_METHODS,
@@ -275,6 +276,9 @@ class Config:
     fault_fraction: float
     fault_kind: str
     fault_crash_after: int
+    cfl_eps1: float
+    cfl_eps2: float
+    cfl_warmup: int
     fedmgda_epsilon: float
     fedmgda_lr: float
     fedsoft_lambda: float
@@ -370,7 +374,7 @@ class Config:
                          "fedxds-warmup-rounds",  # FedXDS shares in its last warm-up round
                          "ditto-personal-epochs", "fedsoft-tau")
         for key in ("distill-epochs", "fedcc-ssl-epochs", "fedrep-head-epochs", "finetune-epochs",
-                    "fedmr-first-stage", "protocl-warmup-rounds"):
+                    "fedmr-first-stage", "protocl-warmup-rounds", "cfl-warmup"):
             if getattr(self, key.replace("-", "_")) < 0:
                 raise ConfigError(key, getattr(self, key.replace("-", "_")), "must be an integer >= 0")
         for key in positive_ints:
@@ -495,7 +499,7 @@ class Config:
         for key in ("lr", "scaffold-server-lr", "round-timeout", "probe-lr", "ssl-tau",
                     "fedx-tau-target", "fedx-tau-local", "fedu-mu", "distill-lr", "fedfew-mu",
                     "fedfew-server-lr", "fedxds-clip", "fedamp-alpha", "fedamp-sigma", "fedamp-lambda",
-                    "feddyn-alpha", "fedsam-rho", "fedmgda-lr"):
+                    "feddyn-alpha", "fedsam-rho", "fedmgda-lr", "cfl-eps1", "cfl-eps2"):
             v = getattr(self, key.replace("-", "_"))
             if not (v > 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number > 0")

@@ -41,6 +41,7 @@ from flowerbed.config import Config
 from flowerbed.datasets.loading import DataSet
 from flowerbed.strategies.apfl import APFLStrategy
 from flowerbed.strategies.base import FlowerbedFedAvg
+from flowerbed.strategies.cfl import CFLStrategy
 from flowerbed.strategies.ditto import DittoStrategy
 from flowerbed.strategies.fedade import FedADEStrategy
 from flowerbed.strategies.fedamp import FedAMPStrategy
@@ -123,6 +124,8 @@ METHODS: dict[str, Method] = {
                "FedFew (Guo et al., 2026): K server models, smooth Tchebycheff weights"),
         Method("ifca", IFCAStrategy, IFCAClient, make_model,
                "IFCA (Ghosh et al., 2020): K cluster models, hard assignment"),
+        Method("cfl", CFLStrategy, FedAvgClient, make_model,
+               "CFL (Sattler et al., 2021): one cluster, split by the updates' cosine similarity"),
         Method("fedsoft", FedSoftStrategy, FedSoftClient, make_model,
                "FedSoft (Ruan & Joe-Wong, 2022): S cluster centres, soft assignment, local models"),
         Method("fedrep", FedRepStrategy, FedRepClient, make_model,

@@ -20,4 +20,7 @@ EXTRA = {
            "train-samples": 2000, "min-partition-size": 6} for m in ("fedade", "fedpoe")},
     **{m: {"num-models": 2, "local-test-fraction": 0.25, "partition": "pathological:2"}
        for m in ("fedfew", "ifca", "fedsoft", "fedrep", "ditto", "apfl", "fedamp", "local", "fedavg-ft")},
+    # CFL: splits in round 1 (3 clients), so that a resumed round 2 is served from restored clusters
+    "cfl": {"local-test-fraction": 0.25, "partition": "pathological:2", "cfl-warmup": 0,
+            "cfl-eps1": 1e6, "cfl-eps2": 1e-9},
 }

@@ -133,6 +133,8 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path, method, monkeypatch, 
     if method in ("scaffold", "feddyn", "local", "ditto", "apfl", "fedsoft", "fedbyol", "fedu", "fedmoco",
                   "fedprotocl"):  # filed
         assert list((tmp_path / "client-state" / key).glob("partition-*"))
+    if method == "cfl":  # split in round 1 (tests/methods.py): round 2 ran on restored clusters
+        assert [r.get("cfl-clusters") for r in rows_of(tmp_path / "halt")][1:] == [2, 2]
     if method in PERSONAL_METHODS:  # their headline score is the personalised one (regression:
         last = read_metrics(tmp_path / "full")[-1]  # FedAvg-FT's was the global model's)
         assert full["final-accuracy"] == last["accuracy"] == last["client-accuracy"]

@@ -661,6 +661,18 @@ class FlowerbedFedAvg(FedAvg):
         return out
 
 
+def update_gram(reference: ArrayRecord, records: list[ArrayRecord], keys: list[str]) -> np.ndarray:
+    """⟨θ − θ_i, θ − θ_j⟩ [M, M] in float64 over ``keys`` (the parameters) of M clients' models
+    θ_i against the ``reference`` θ they trained from, one tensor at a time (FedMGDA's weights,
+    CFL's norms and similarities)."""
+    gram = np.zeros((len(records), len(records)))
+    for k in keys:
+        ref = reference[k].numpy().astype(np.float64).ravel()
+        g = np.stack([ref - r[k].numpy().ravel() for r in records])
+        gram += g @ g.T
+    return gram
+
+
 def cast_like(rec: ArrayRecord, ref: ArrayRecord) -> ArrayRecord:
     """``rec`` with each array in the dtype ``ref`` gives it (integers rounded). Flower's
     ``aggregate_arrayrecords`` multiplies by a Python float, so an int64 buffer (BatchNorm's

@@ -9,9 +9,9 @@ normalises each client's update d_i = (θ − θ_i)/||θ − θ_i|| and finds th
 λ0_i = n_i / Σ_j n_j (``fedmgda-epsilon`` = ε; ε = 0 keeps λ0, ε = 1 is plain MGDA, the
 min-norm point of the hull), then steps θ ← θ − η Σ_i λ_i d_i (``fedmgda-lr`` = η). The step's
 length is at most η whatever the clients' update sizes. The quadratic programme over M clients
-is solved by scipy's SLSQP on the M×M Gram matrix of the normalised updates, which is built one
-parameter tensor at a time. BatchNorm buffers take FedAvg's mean. Defaults ε = 0.1, η = 1 as in
-FLGo's implementation (the paper's authors published none that we found).
+is solved by scipy's SLSQP on the M×M Gram matrix of the normalised updates. BatchNorm buffers
+take FedAvg's mean. Defaults ε = 0.1, η = 1 as in FLGo's implementation (we found none by the
+paper's authors).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Iterable
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
 
-from flowerbed.strategies.base import FlowerbedFedAvg, cast_like, metric_record
+from flowerbed.strategies.base import FlowerbedFedAvg, cast_like, metric_record, update_gram
 
 
 def min_norm_weights(gram: np.ndarray, lambda0: np.ndarray, epsilon: float) -> np.ndarray:
@@ -47,10 +47,7 @@ class FedMGDAStrategy(FlowerbedFedAvg):
         valid, new, params = taken  # new: the mean, kept for the buffers
         n = np.array([metric_record(r.content)[self.weighted_by_key] for r in valid], np.float64)
         ref = {k: self._reference[k].numpy().astype(np.float64) for k in params}
-        gram = np.zeros((len(valid), len(valid)))
-        for k in params:
-            g = np.stack([(ref[k] - r.content["arrays"][k].numpy()).ravel() for r in valid])
-            gram += g @ g.T
+        gram = update_gram(self._reference, [r.content["arrays"] for r in valid], params)
         norms = np.sqrt(np.maximum(np.diag(gram), 0.0))
         # 1/||θ − θ_i||, and 0 for a client that did not move (its d_i is 0, not NaN)
         scale = np.where(norms > 0, 1 / np.maximum(norms, np.finfo(float).tiny), 0.0)

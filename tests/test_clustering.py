@@ -1,5 +1,6 @@
-"""FedSoft: importance weights, the proximal pull towards the centres, the centres' update, and
-the client's local model and kept estimate."""
+"""The clustering baselines of FedFew's paper. FedSoft: importance weights, the proximal pull
+towards the centres, the centres' update, and the client's local model and kept estimate. CFL:
+when a cluster splits, into which halves, and what each node is sent."""
 
 import numpy as np
 import pytest
@@ -112,3 +113,45 @@ def test_the_client_keeps_its_model_and_its_estimate_for_tau_rounds():
 def test_out_of_range_settings_are_refused_by_name(key, value):
     with pytest.raises(ConfigError, match=key):
         Config.from_run_config({**SMALL, "method": "fedsoft", key: value})
+
+
+def test_cfl_splits_a_stalled_cluster_whose_clients_disagree():
+    """Four clients: two move along +e, two along −e (and a little apart), so the mean update is
+    short and the largest long. Before the warm-up ends, or with a mean above ε1, nothing splits;
+    after it the two groups become clusters 0 and 1, each its members' weighted mean, and each
+    node is sent its own cluster's model."""
+    from flowerbed.strategies.cfl import CFLStrategy
+
+    def strategy(**rc):
+        s = CFLStrategy(Config.from_run_config({"method": "cfl", "min-clients": 1, "cfl-eps1": 0.5,
+                                                "cfl-eps2": 1.0, "cfl-warmup": 1, **rc}))
+        s._reference = rec(0.0)
+        return s
+
+    ups = [{"w": np.array([[2.0, 0.1], [0, 0]])}, {"w": np.array([[2.0, -0.1], [0, 0]])},
+           {"w": np.array([[-2.0, 0.1], [0, 0]])}, {"w": np.array([[-2.0, -0.1], [0, 0]])}]
+
+    def round_(s, rnd, ns=(10, 10, 10, 30)):
+        msgs = prepared(s, [100, 101, 102, 103])
+        return s.aggregate_train(rnd, [reply(m, RecordDict({
+            "arrays": ArrayRecord({"w": Array(np.asarray(u["w"], np.float32))}),
+            "metrics": MetricRecord({"num-examples": n, "train-loss": 0.1})}))
+            for m, u, n in zip(msgs, ups, ns, strict=True)])
+
+    s = strategy()
+    _, m = round_(s, 1)  # the warm-up round: one cluster, the weighted mean
+    assert m["cfl-clusters"] == 1 and s.cluster_of == {str(p): 0 for p in range(4)}
+    assert m["cluster-0-mean-norm"] == pytest.approx(np.hypot((2 + 2 - 2) / 6 - 2 / 2, 0.1 / 6 - 0.1 / 2))
+    assert m["cluster-0-max-norm"] == pytest.approx(np.hypot(2, 0.1))
+    s = strategy(**{"cfl-eps1": 0.5})
+    s.cluster_models = {}
+    _, m = round_(s, 2, ns=(10, 10, 10, 10))  # mean update (0, 0): stalled, and clients 2.0 apart
+    assert m["cfl-clusters"] == 2 and s.cluster_of == {"0": 0, "1": 0, "2": 1, "3": 1}
+    assert np.allclose(s.cluster_models["0"]["w"].numpy(), [[2.0, 0], [0, 0]])
+    assert np.allclose(s.cluster_models["1"]["w"].numpy(), [[-2.0, 0], [0, 0]])
+    sent_to = {n: s.content_for(n, RecordDict({"arrays": rec(9.0)}))["arrays"]["w"].numpy()[0, 0]
+               for n in (100, 102)}
+    assert sent_to == {100: 2.0, 102: -2.0}
+    s = strategy(**{"cfl-eps1": 0.01})  # a mean update longer than eps1: still converging, no split
+    _, m = round_(s, 2)
+    assert m["cfl-clusters"] == 1
