@@ -56,8 +56,8 @@ def render() -> str:
                         ("fedx", "FedX vs its bases (linear probe)"),
                         ("fedcc", "FedCC vs FedDF, FedMD, FedAvg, FedNova, FedLC, FedRS, FedSAM, FedVLS, "
                                   "FedMR (ensemble accuracy)"),
-                        ("fedfew", "FedFew vs IFCA, FedAvg, FedRep, Ditto, APFL, FedAMP, Local "
-                                   "(personalised)"),
+                        ("fedfew", "FedFew vs IFCA, FedSoft, CFL, FedAvg, FedProx, FedMGDA+, FedRep, Ditto, "
+                                   "APFL, FedAMP, Local (personalised)"),
                         ("fedxds", "FedXDS vs FedAvg, FedProx, SCAFFOLD, FedDyn, unmasked sharing"),
                         ("fedxds-100clients", "FedXDS with 100 clients"),
                         ("fedade", "Fed-ADE vs fixed learning rates"),
