@@ -664,3 +664,21 @@ def test_fedmgda_steps_along_the_weighted_normalised_updates(cfg):
 def test_fedmgda_settings_out_of_range_are_refused_by_name(key, value):
     with pytest.raises(ConfigError, match=key):
         Config.from_run_config({"method": "fedmgda", key: value})
+
+
+def test_fedmgda_steps_the_parameters_and_averages_batchnorm_buffers(cfg):
+    """The step covers the parameters; running statistics take FedAvg's mean and
+    num_batches_tracked stays int64."""
+    from flowerbed.strategies.fedmgda import FedMGDAStrategy
+
+    s = FedMGDAStrategy(cfg.replace(method="fedmgda", fedmgda_epsilon=0.0, fedmgda_lr=1.0))
+    s.model = nn.BatchNorm1d(2)
+    msgs = sent_to(s, [101, 102])
+    s._reference = bn_record(0.0, 1.0, 0)
+    reps = [reply(msgs[i], RecordDict({"arrays": bn_record(2.0, var, n), "metrics": MetricRecord(
+        {"num-examples": ex, "train-loss": 1.0})}))
+        for i, (var, n, ex) in enumerate([(0.1, 4, 10), (0.3, 8, 30)])]
+    out, _ = s.aggregate_train(1, reps)
+    assert np.allclose(out["weight"].numpy(), 0.5)  # a unit step along (1, 1, 1, 1) / 2: the 4 parameters
+    assert np.allclose(out["running_var"].numpy(), 0.25 * 0.1 + 0.75 * 0.3)
+    assert out["num_batches_tracked"].numpy().dtype == np.int64 and out["num_batches_tracked"].numpy() == 7

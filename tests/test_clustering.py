@@ -139,8 +139,11 @@ def test_cfl_splits_a_stalled_cluster_whose_clients_disagree():
             for m, u, n in zip(msgs, ups, ns, strict=True)])
 
     s = strategy()
-    _, m = round_(s, 1)  # the warm-up round: one cluster, the weighted mean
+    _, m = round_(s, 1, ns=(10, 10, 10, 10))  # stalled and apart, but in the warm-up: no split
     assert m["cfl-clusters"] == 1 and s.cluster_of == {str(p): 0 for p in range(4)}
+    s = strategy()
+    _, m = round_(s, 1)  # weighted: a mean update of 0.67, above eps1
+    assert m["cfl-clusters"] == 1
     assert m["cluster-0-mean-norm"] == pytest.approx(np.hypot((2 + 2 - 2) / 6 - 2 / 2, 0.1 / 6 - 0.1 / 2))
     assert m["cluster-0-max-norm"] == pytest.approx(np.hypot(2, 0.1))
     s = strategy(**{"cfl-eps1": 0.5})
@@ -154,4 +157,32 @@ def test_cfl_splits_a_stalled_cluster_whose_clients_disagree():
     assert sent_to == {100: 2.0, 102: -2.0}
     s = strategy(**{"cfl-eps1": 0.01})  # a mean update longer than eps1: still converging, no split
     _, m = round_(s, 2)
+    assert m["cfl-clusters"] == 1
+
+
+def test_cfl_split_with_tied_distances_gives_two_nonempty_halves():
+    """Found by a review: one client moves and two send the model back, so every distance ties
+    and scipy's fcluster returned one group: the split crashed the server (IndexError)."""
+    from flowerbed.strategies.cfl import CFLStrategy
+
+    s = CFLStrategy(Config.from_run_config({"method": "cfl", "min-clients": 1, "cfl-eps1": 1e6,
+                                            "cfl-eps2": 1e-9, "cfl-warmup": 0}))
+    s._reference = rec(0.0)
+    msgs = prepared(s, [100, 101, 102])
+    _, m = s.aggregate_train(1, [reply(msg, RecordDict({"arrays": rec(v), "metrics": MetricRecord(
+        {"num-examples": n, "train-loss": 0.1})})) for msg, v, n in zip(msgs, (1.0, 0.0, 0.0), (1, 50, 50),
+                                                                       strict=True)])
+    assert m["cfl-clusters"] == 2 and sorted(s.cluster_of.values()).count(0) in (1, 2)
+
+
+def test_cfl_does_not_split_a_cluster_some_of_whose_clients_sat_the_round_out():
+    from flowerbed.strategies.cfl import CFLStrategy
+
+    s = CFLStrategy(Config.from_run_config({"method": "cfl", "min-clients": 1, "cfl-eps1": 1e6,
+                                            "cfl-eps2": 1e-9, "cfl-warmup": 0}))
+    s._reference = rec(0.0)
+    s.cluster_of = {"3": 0}  # partition 3 trained in an earlier round, and is not sampled now
+    msgs = prepared(s, [100, 101, 102])
+    _, m = s.aggregate_train(1, [reply(msg, RecordDict({"arrays": rec(v), "metrics": MetricRecord(
+        {"num-examples": 10, "train-loss": 0.1})})) for msg, v in zip(msgs, (1.0, -1.0, 1.1), strict=True)])
     assert m["cfl-clusters"] == 1

@@ -588,9 +588,10 @@ def test_a_message_without_what_the_method_needs_names_it():
 
 # every way the server averages models: FedAvg's (which the SSL methods, FedXDS and FedAvg-FT
 # share), FedRep's body merge (Fed-ADE's too), SCAFFOLD's, IFCA's per cluster, FedFew's own update,
-# FedMR's unweighted pool mean. FedDyn's, FedNova's and FedAMP's server updates are unit-tested on
-# BatchNorm buffers instead (test_aggregation.py, test_fedfew.py)
-BATCHNORM_METHODS = ["fedavg", "fedrep", "scaffold", "ifca", "fedfew", "fedmr"]
+# FedMR's unweighted pool mean, FedSoft's per centre, CFL's per cluster. FedDyn's, FedNova's,
+# FedMGDA's and FedAMP's server updates are unit-tested on BatchNorm buffers instead
+# (test_aggregation.py, test_fedfew.py)
+BATCHNORM_METHODS = ["fedavg", "fedrep", "scaffold", "ifca", "fedfew", "fedmr", "fedsoft", "cfl"]
 
 
 @pytest.mark.parametrize("method", BATCHNORM_METHODS)

@@ -7,9 +7,9 @@ centre s has the lowest cross-entropy, ``fedsoft-sigma`` for a centre no sample 
 official code's count smoother). It then trains w on cross-entropy + Σ_s (λ/2) u_s ||w − c_s||²
 (λ = ``fedsoft-lambda``, parameters only), which has the gradient of (λU/2)||w − c̄||² with
 U = Σ_s u_s and c̄ = Σ_s u_s c_s / U: one proximal term towards c̄ (the reported training loss
-lacks the constant between the two). w starts from the seeded initial model every method starts
-from (the official code: one fresh model shared by all clients, apart from the centres) and is
-scored on the local test split, as Local's is.
+lacks the constant between the two). w starts from one more seeded initialisation, shared by all
+clients and distinct from the centres' (the official code: one fresh model shared by all
+clients, apart from the centres), and is scored on the local test split, as Local's is.
 
 Departures from the official code (ycruan/FedSoft): the run's optimiser (SGD at ``lr``, fresh
 each round, as every method here) instead of Adam kept across rounds; the server aggregates all
@@ -52,6 +52,11 @@ def pull(centres: list[nn.Module], u: list[float], lam: float):
 
 class FedSoftClient(LocalClient, MultiModelClient):
     state_key = "fedsoft.model"
+
+    def init_seed(self) -> int:
+        """One more fresh initialisation after the S centres' (seed·100 + s): the official code
+        makes S + 1 models, the centres and one every client starts from."""
+        return self.cfg.seed * 100 + self.cfg.num_models
 
     def weights(self, centres: list[nn.Module], rnd: int) -> list[float]:
         """This interval's importance weights: estimated once per ``fedsoft-tau`` rounds, kept."""

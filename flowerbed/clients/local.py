@@ -19,11 +19,14 @@ class LocalClient(Client):
     keeps_state = True
     state_key = STATE  # where its model is kept (FedSoft's client keeps its own under another name)
 
+    def init_seed(self) -> int:
+        return self.cfg.seed  # the ServerApp's initialisation of every method
+
     def own_model(self) -> nn.Module:
         if (own := self.state_model(self.state_key)) is not None:
             return own
         with torch.random.fork_rng(devices=[]):  # the CPU's only: the model is built there
-            torch.manual_seed(self.cfg.seed)  # the ServerApp's initialisation of every method
+            torch.manual_seed(self.init_seed())
             return self.new_model().to(self.device)
 
     def train(self, msg: Message) -> Message:

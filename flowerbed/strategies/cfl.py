@@ -14,7 +14,9 @@ groups (scipy's, as the official code's scikit-learn call), and each half become
 mean of its own members' uploads. Clusters are split at most once a round, and the official
 code's means are unweighted (its clients hold equal shares). A client is trained and scored on
 its cluster's model (personalised accuracy on its local test split); a partition not seen yet
-starts in cluster 0. Per round ``cfl-clusters`` counts the clusters and
+starts in cluster 0. A cluster splits only in a round where every client it holds replied (the
+official code trains every client every round and never moves one afterwards: a member left out
+of a split would stay on a half's model for good). Per round ``cfl-clusters`` counts the clusters and
 ``cluster-<c>-mean-norm`` / ``-max-norm`` give each trained cluster's two norms (the scale for
 ε1 and ε2, which depend on the model, the learning rate and the local epochs).
 """
@@ -36,8 +38,10 @@ log = logging.getLogger("flowerbed")
 
 def bipartition(gram: np.ndarray) -> np.ndarray:
     """Two groups (labels 0/1) of the updates whose Gram matrix is ``gram``: complete linkage on
-    the cosine distance 1 − cos; the first update's group is 0."""
-    from scipy.cluster.hierarchy import fcluster, linkage  # here: every ClientApp imports this module
+    the cosine distance 1 − cos (two groups always, as scikit-learn's AgglomerativeClustering
+    gives the official code; scipy's fcluster can return one group where distances tie); the
+    first update's group is 0."""
+    from scipy.cluster.hierarchy import cut_tree, linkage  # here: every ClientApp imports this module
     from scipy.spatial.distance import squareform
 
     norms = np.sqrt(np.maximum(np.diag(gram), 0.0))
@@ -45,7 +49,7 @@ def bipartition(gram: np.ndarray) -> np.ndarray:
     dist = np.clip(1.0 - cos, 0.0, 2.0)
     np.fill_diagonal(dist, 0.0)
     tree = linkage(squareform(dist, checks=False), method="complete")
-    labels = fcluster(tree, 2, criterion="maxclust")
+    labels = cut_tree(tree, n_clusters=2).ravel()  # two groups even where distances tie
     return (labels != labels[0]).astype(int)
 
 
@@ -80,8 +84,10 @@ class CFLStrategy(PersonalStrategy):
             max_norm = float(np.sqrt(max(np.diag(gram).max(), 0.0)))
             extra.update({f"cluster-{c}-mean-norm": mean_norm, f"cluster-{c}-max-norm": max_norm})
             halves = [group]
+            known = {int(q) for q, k in self.cluster_of.items() if k == c}
             if (server_round > self.cfg.cfl_warmup and mean_norm < self.cfg.cfl_eps1
-                    and max_norm > self.cfg.cfl_eps2 and len(group) >= 3):
+                    and max_norm > self.cfg.cfl_eps2 and len(group) >= 3
+                    and known <= {q for q, _ in group}):  # every member it has had replied
                 labels = bipartition(gram)
                 new = max([*map(int, self.cluster_models), *self.cluster_of.values(), c]) + 1
                 halves = [[g for g, lab in zip(group, labels, strict=True) if lab == side]

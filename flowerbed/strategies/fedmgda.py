@@ -11,17 +11,21 @@ min-norm point of the hull), then steps θ ← θ − η Σ_i λ_i d_i (``fedmgd
 length is at most η whatever the clients' update sizes. The quadratic programme over M clients
 is solved by scipy's SLSQP on the M×M Gram matrix of the normalised updates. BatchNorm buffers
 take FedAvg's mean. Defaults ε = 0.1, η = 1 as in FLGo's implementation (we found none by the
-paper's authors).
+paper's authors). A client that returns the model unchanged has d_i = 0, the min-norm point
+itself: the programme moves up to ε of weight onto it and the step shrinks (with ε = 1 it stops).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
 
 from flowerbed.strategies.base import FlowerbedFedAvg, cast_like, metric_record, update_gram
+
+log = logging.getLogger("flowerbed")
 
 
 def min_norm_weights(gram: np.ndarray, lambda0: np.ndarray, epsilon: float) -> np.ndarray:
@@ -35,6 +39,10 @@ def min_norm_weights(gram: np.ndarray, lambda0: np.ndarray, epsilon: float) -> n
     res = minimize(lambda x: x @ gram @ x, lambda0, jac=lambda x: 2 * gram @ x, method="SLSQP",
                    bounds=list(zip(lo, hi, strict=True)), constraints=[simplex],
                    options={"ftol": 1e-12, "maxiter": 500})
+    if not res.success:
+        log.warning("FedMGDA: the min-norm weights were not found (%s); this round uses the "
+                    "clients' sample shares", res.message)
+        return lambda0
     lam = np.clip(res.x, lo, hi)
     return lam / lam.sum()
 

@@ -13,7 +13,10 @@ models weighted by u_is·n_i:
 which is the official code's aggregation without client selection (its ``do_selection=False``
 path), and the expectation of its selection path (S·K clients drawn ∝ u_is n_i, each centre the
 plain mean of its K): every method here trains the same sampled clients each round, and FedSoft
-aggregates the models of all of them. BatchNorm buffers are averaged the same way.
+aggregates the models of all of them. BatchNorm buffers are averaged the same way. A centre that
+no sampled client's sample prefers (every u_is the floor σ) becomes the plain sample-weighted
+mean of the round's models, as in the official code when no client at all prefers it; with
+``fraction-train`` < 1 that can happen while clients left out of the round do prefer it.
 """
 
 from __future__ import annotations
@@ -51,10 +54,10 @@ class FedSoftStrategy(KModelStrategy):
         new, mass = [], []
         for s, old in enumerate(self._models):
             weighted = [RecordDict({"arrays": r.content["arrays"],
-                                    "w": MetricRecord({"w": m["importance"][s] * m["num-examples"]})})
+                                    "w": MetricRecord({"w": m["importance"][s] * m[self.weighted_by_key]})})
                         for r, m in zip(valid, mrs, strict=True)]
             new.append(cast_like(aggregate_arrayrecords(weighted, "w"), old))
-            mass.append(sum(m["importance"][s] * m["num-examples"] for m in mrs))
+            mass.append(sum(m["importance"][s] * m[self.weighted_by_key] for m in mrs))
         total = sum(mass)
         metrics = self.client_metrics(valid, {f"model-{s}-importance": v / total for s, v in enumerate(mass)},
                                       drop=("importance",))
