@@ -11,7 +11,8 @@ the FedX-over-BYOL check is repeated between them), and so are the two SimCLR ro
 FedX-over-SimCLR check repeated between them). FedMoCo and FedX over MoCo are a third base (the
 paper's claim that FedX lifts every base; checked as FedX on MoCo >= FedMoCo, not an issue target),
 FedX over FedU a fourth (FedX on FedU >= FedU, likewise), and FedProtoCL and FedX over it the
-fifth (FedX on ProtoCL >= FedProtoCL): the paper's five bases.
+fifth (FedX on ProtoCL >= FedProtoCL): the paper's five bases. MOON-unsup (the appendix's
+baseline: FedSimCLR + MOON's model-contrastive term) is reported alongside, unchecked.
 Usage: .venv/bin/python -m benchmarks.fedx [--rounds N] [--seeds 0,1,2] [--resume]
        [--methods m1,m2]   (run only these; the other rows of benchmarks/results/fedx.json are
                             kept when they were measured with the same settings and seeds)
@@ -49,7 +50,7 @@ FEDX_FEDU = "fedx@fedx-base='fedu'"
 PROTO, FEDX_PROTO = "fedprotocl", "fedx@fedx-base='protocl'"
 BN = "@ssl-head-bn=true"
 VARIANTS = ["fedsimclr", "fedx", BYOL, FEDX_BYOL, "fedu", BYOL + BN, FEDX_BYOL + BN,
-            "fedsimclr" + BN, "fedx" + BN, MOCO, FEDX_MOCO, FEDX_FEDU, PROTO, FEDX_PROTO]
+            "fedsimclr" + BN, "fedx" + BN, MOCO, FEDX_MOCO, FEDX_FEDU, PROTO, FEDX_PROTO, "moon-unsup"]
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ DISTILL_METHODS = ("fedcc", "feddf", "fedmd")
 PERSONAL_METHODS = ("fedfew", "ifca", "fedsoft", "cfl", "fedrep", "ditto", "apfl", "fedamp", "local",
                     "fedavg-ft")
 #: self-supervised methods: trained on pairs of views, scored by a linear probe
-SSL_METHODS = ("fedsimclr", "fedbyol", "fedu", "fedmoco", "fedprotocl", "fedx")
+SSL_METHODS = ("fedsimclr", "fedbyol", "fedu", "fedmoco", "fedprotocl", "moon-unsup", "fedx")
 #: adaptation to unlabelled, shifting streams (Fed-ADE's streams, rounds and online accuracy)
 STREAM_METHODS = ("fedade", "fedpoe")
 MAX_EPSILON = 1e5  # FedXDS: a larger budget is no privacy (give fedxds-sigma for weak noise)
@@ -124,9 +124,10 @@ KEY_READERS: dict[str, tuple[str, ...]] = {
                           "apfl", "fedamp", "feddyn", "scaffold", "fedlc", "fedrs", "fedsam",
                           "fedvls", "fedmr")},
     "probe": SSL_METHODS, "ssl": SSL_METHODS,
-    "ssl-tau": ("fedsimclr", "fedmoco", "fedprotocl", "fedx"),  # NT-Xent's, InfoNCE's, ProtoNCE's mean φ
+    # NT-Xent's, InfoNCE's, ProtoNCE's mean φ
+    "ssl-tau": ("fedsimclr", "fedmoco", "fedprotocl", "moon-unsup", "fedx"),
     "byol": ("fedbyol", "fedu", "fedx"), "moco": ("fedmoco", "fedprotocl", "fedx"), "fedu": ("fedu", "fedx"),
-    "protocl": ("fedprotocl", "fedx"),
+    "protocl": ("fedprotocl", "fedx"), "moon": ("moon-unsup",),
     "distill": DISTILL_METHODS, "hetero": DISTILL_METHODS,
     "proximal-mu": ("fedprox", "fedx"),  # FedX: with fedx-global='prox' only
     "finetune": ("fedavg-ft",), "num-models": ("fedfew", "ifca", "fedsoft"),
@@ -276,6 +277,8 @@ class Config:
     fault_fraction: float
     fault_kind: str
     fault_crash_after: int
+    moon_mu: float
+    moon_tau: float
     cfl_eps1: float
     cfl_eps2: float
     cfl_warmup: int
@@ -499,7 +502,8 @@ class Config:
         for key in ("lr", "scaffold-server-lr", "round-timeout", "probe-lr", "ssl-tau",
                     "fedx-tau-target", "fedx-tau-local", "fedu-mu", "distill-lr", "fedfew-mu",
                     "fedfew-server-lr", "fedxds-clip", "fedamp-alpha", "fedamp-sigma", "fedamp-lambda",
-                    "feddyn-alpha", "fedsam-rho", "fedmgda-lr", "cfl-eps1", "cfl-eps2"):
+                    "feddyn-alpha", "fedsam-rho", "fedmgda-lr", "cfl-eps1", "cfl-eps2",
+                    "moon-tau"):
             v = getattr(self, key.replace("-", "_"))
             if not (v > 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number > 0")
@@ -533,7 +537,8 @@ class Config:
                 raise ConfigError(key, v, "must be in [0, 1)")
         for key in ("weight-decay", "proximal-mu", "ditto-lambda", "apfl-alpha-lr", "fedcc-lambda",
                     "fedxds-lambda", "fedxds-sigma", "fedxds-epsilon", "fedade-fixed-lr", "fedade-lr-min",
-                    "fedade-lr-max", "fedlc-tau", "fedvls-lambda", "fedsoft-lambda"):
+                    "fedade-lr-max", "fedlc-tau", "fedvls-lambda", "fedsoft-lambda",
+                    "moon-mu"):
             v = getattr(self, key.replace("-", "_"))
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number >= 0")

@@ -82,3 +82,17 @@ def proto_nce(q: torch.Tensor, prototypes: torch.Tensor, phi: torch.Tensor,
     """
     logits = F.normalize(q, dim=1) @ F.normalize(prototypes.detach(), dim=1).T / phi.detach()
     return F.cross_entropy(logits, assign)
+
+
+def model_contrastive(z: torch.Tensor, z_global: torch.Tensor, z_previous: torch.Tensor,
+                      tau: float) -> torch.Tensor:
+    """MOON's model-contrastive loss: each row's positive is the global model's projection of the
+    same input, its one negative the client's previous local model's.
+
+    loss = −mean_i log( e^{cos(z_i, zg_i)/τ} / (e^{cos(z_i, zg_i)/τ} + e^{cos(z_i, zp_i)/τ}) );
+    ``z_global`` and ``z_previous`` get no gradient.
+    """
+    pos = F.cosine_similarity(z, z_global.detach(), dim=1)
+    neg = F.cosine_similarity(z, z_previous.detach(), dim=1)
+    logits = torch.stack([pos, neg], 1) / tau
+    return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))

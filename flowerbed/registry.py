@@ -36,6 +36,7 @@ from flowerbed.clients.fedx import fedx_client
 from flowerbed.clients.fedxds import FedXDSClient
 from flowerbed.clients.ifca import IFCAClient
 from flowerbed.clients.local import LocalClient
+from flowerbed.clients.moon_unsup import MoonUnsupClient
 from flowerbed.clients.scaffold import ScaffoldClient
 from flowerbed.config import Config
 from flowerbed.datasets.loading import DataSet
@@ -110,6 +111,8 @@ METHODS: dict[str, Method] = {
                "FedMoCo: MoCo v2 locally (key encoder and queue kept on the client), FedAvg; linear probe"),
         Method("fedprotocl", SSLStrategy, ProtoCLClient, make_ssl_model,
                "FedProtoCL: PCL (Li et al., 2021) locally, MoCo + k-means prototypes of the client's data"),
+        Method("moon-unsup", SSLStrategy, MoonUnsupClient, make_ssl_model,
+               "MOON-unsup: FedSimCLR + MOON's model-contrastive term (global +, previous local -)"),
         Method("fedu", SSLStrategy, FedUClient, make_ssl_model,
                "FedU (Zhuang et al., 2021): FedBYOL + divergence-aware predictor update"),
         Method("fedx", FedXStrategy, fedx_client, make_ssl_model,

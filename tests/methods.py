@@ -14,6 +14,7 @@ EXTRA = {
     "fedu": {"probe-every": 2, "probe-epochs": 1, "local-test-fraction": 0.0},
     "fedmoco": {"probe-every": 2, "probe-epochs": 1, "local-test-fraction": 0.0},
     "fedprotocl": {"probe-every": 2, "probe-epochs": 1, "local-test-fraction": 0.0},
+    "moon-unsup": {"probe-every": 2, "probe-epochs": 1, "local-test-fraction": 0.0},
     # seeded noise: the resume and determinism tests compare two runs' metrics
     "fedxds": {"fedxds-warmup-rounds": 1, "fedxds-share-fraction": 0.2, "fedxds-noise": "seeded"},
     **{m: {"fedade-rounds-per-step": 1, "fedade-batch": 20, "fedade-pretrain-epochs": 1,

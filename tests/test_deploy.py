@@ -388,8 +388,10 @@ COVERED_BY = {"fedprox": "fedavg", "fedavg-ft": "fedavg", "fedsimclr": "fedbyol"
               "fedamp": "fedrep", "fednova": "fedavg",
               "fedlc": "fedavg", "fedrs": "fedavg", "fedsam": "fedavg",
               "fedvls": "fedavg", "fedmr": "fedrep", "fedpoe": "fedade", "fedsoft": "ifca",
-              "fedmgda": "fedavg", "cfl": "fedrep"}
-# FedMGDA: FedAvg's messages, another server step. CFL: a model for each node (its cluster's), as FedRep's,
+              "fedmgda": "fedavg", "cfl": "fedrep",
+              "moon-unsup": "fedbyol"}
+# MOON-unsup: FedBYOL's messages, its previous local model filed as BYOL's target is. FedMGDA: FedAvg's
+# messages, another server step. CFL: a model for each node (its cluster's), as FedRep's,
 # with FedAvg's client. FedSoft: IFCA's messages (the S centres down as model.0
 # ..., one whole model up); its local model and importance estimate are filed as APFL's model and alpha are;
 # its evaluation message is Local's (no arrays). Ditto, APFL: FedAvg's messages; their personal model is an

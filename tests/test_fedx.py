@@ -83,6 +83,7 @@ def make_client(method, **extra):
 
 @pytest.mark.parametrize("method,extra", [("fedsimclr", {}), ("fedbyol", {}), ("fedu", {}),
                                           ("fedmoco", {}), ("fedx", {"fedx-base": "moco"}),
+                                          ("moon-unsup", {}),
                                           ("fedprotocl", {"protocl-warmup-rounds": 0}),
                                           ("fedx", {"fedx-base": "protocl", "protocl-warmup-rounds": 0}),
                                           ("fedx", {"fedx-base": "simclr"}),
@@ -100,6 +101,9 @@ def test_ssl_clients_never_see_labels(method, extra):
         assert TARGET in ctx.state.array_records  # the EMA target stays on the client
     if method in ("fedmoco", "fedprotocl") or extra.get("fedx-base") in ("moco", "protocl"):
         assert {KEY_ENCODER, QUEUE} <= set(ctx.state.array_records)  # key encoder and queue too
+    if method == "moon-unsup":  # the upload, kept as next round's previous local model
+        assert np.array_equal(ctx.state["moon.previous"]["backbone.conv1.weight"].numpy(),
+                              out.content["arrays"]["backbone.conv1.weight"].numpy())
 
 
 def test_moco_loss_by_hand():
@@ -361,3 +365,37 @@ def test_fedx_global_prox_replaces_the_global_terms_with_fedprox_term():
         Config.from_run_config({"method": "fedx", "fedx-global": "prox", "fedx-global-kd": False})
     with pytest.raises(ConfigError, match="'proximal-mu' = 0.0.*needs a pull > 0"):
         Config.from_run_config({"method": "fedx", "fedx-global": "prox", "proximal-mu": 0.0})
+
+
+def test_model_contrastive_loss_by_hand():
+    """MOON's term: −log(e^{cos(z, zg)/τ} / (e^{cos(z, zg)/τ} + e^{cos(z, zp)/τ})), no gradient to
+    the global and previous projections."""
+    from flowerbed.losses import model_contrastive
+
+    z, zg, zp = torch.tensor([[2.0, 0.0]]), torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 5.0]])
+    want = -math.log(math.e ** 2 / (math.e ** 2 + 1))  # cosines 1 and 0 at tau = 0.5
+    assert model_contrastive(z, zg, zp, 0.5).item() == pytest.approx(want, rel=1e-6)
+    z.requires_grad_(True), zg.requires_grad_(True), zp.requires_grad_(True)
+    model_contrastive(z, zg, zp, 0.5).backward()
+    assert z.grad is not None and zg.grad is None and zp.grad is None
+
+
+def test_moon_unsup_term_is_log_two_until_a_previous_model_exists_and_moves_it_after():
+    """Round 1: the received model stands in for the previous one, so the term is the constant
+    log 2 and the loss is FedSimCLR's plus it; from round 2 the filed upload is the negative."""
+    from flowerbed.clients.moon_unsup import PREVIOUS
+
+    client, model, msg, ctx = make_client("moon-unsup", **{"moon-mu": 1.0})
+    client.prepare(model, msg)
+    x = client.train_data.normalise(client.train_data.x[:8])
+    v = client.views(model, x, x.flip(3), None)
+    assert client.loss(model, v, x, x.flip(3), None).item() == pytest.approx(
+        nt_xent(v["z1"], v["z2"], client.cfg.ssl_tau).item() + math.log(2), rel=1e-5)
+    assert all(not p.requires_grad for p in client.global_model.parameters())
+    other = make_ssl_model(client.cfg, client.train_data)
+    ctx.state[PREVIOUS] = to_record(other)
+    client.prepare(model, msg)
+    assert client.previous is not client.global_model and not client.previous.training
+    v = client.views(model, x, x.flip(3), None)
+    assert client.loss(model, v, x, x.flip(3), None).item() != pytest.approx(
+        nt_xent(v["z1"], v["z2"], client.cfg.ssl_tau).item() + math.log(2), rel=1e-5)

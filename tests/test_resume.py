@@ -130,8 +130,8 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path, method, monkeypatch, 
         (tmp_path / "full" / "config.json").read_text())["run-id"]
     for d in (tmp_path / "client-state" / key).glob("partition-*"):  # the newest state only
         assert [f.name for f in d.iterdir()] == ["round-2.pt"]
-    if method in ("scaffold", "feddyn", "local", "ditto", "apfl", "fedsoft", "fedbyol", "fedu", "fedmoco",
-                  "fedprotocl"):  # filed
+    if method in ("scaffold", "feddyn", "local", "ditto", "apfl", "fedsoft", "moon-unsup", "fedbyol",
+                  "fedu", "fedmoco", "fedprotocl"):  # filed
         assert list((tmp_path / "client-state" / key).glob("partition-*"))
     if method == "cfl":  # split in round 1 (tests/methods.py): round 2 ran on restored clusters
         assert [r.get("cfl-clusters") for r in rows_of(tmp_path / "halt")][1:] == [2, 2]
