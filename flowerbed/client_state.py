@@ -2,10 +2,11 @@
 
 Flower keeps a client's ``context.state`` for one run; a resumed run is a new Flower run with empty
 contexts. Methods whose clients keep state between rounds (SCAFFOLD's c_i, FedDyn's ∇L_i, FedBYOL's
-target, FedU's local model, FedMoCo's and FedProtoCL's key encoder and queue, FedCC/FedDF/FedMD's
-models, FedRep's head, Ditto's personal model, APFL's personal model and α, Local's model, FedXDS's
-D_g, Fed-ADE's personal layers and estimator buffers, Fed-POE's local and pre-trained models and
-Hedge weights) therefore file it after every training round, on the
+target, FedU's local model, FedMoCo's and FedProtoCL's key encoder and queue, MOON-unsup's previous
+model, FedCC/FedDF/FedMD's models, FedRep's head, Ditto's personal model, APFL's personal model and
+α, Local's model, FedSoft's local model and importance weights, FedXDS's D_g, Fed-ADE's personal
+layers and estimator buffers, Fed-POE's local and pre-trained models and Hedge weights) therefore
+file it after every training round, on the
 client's own machine, under ``<client-state-dir>/<run-key>/partition-<i>/round-<r>.pt`` (the last
 two rounds are kept; after the run, the last). In a resumed run, the first message a client gets
 from round r restores the newest file from before round r; methods without client state write

@@ -1172,7 +1172,8 @@ def test_a_table_says_what_final_acc_measures_where_a_method_measures_its_own_wa
     """From a review of the outputs: a table of fedsimclr and fedx never said its figures were
     linear-probe accuracies (the note came only with a client acc column)."""
     ssl = cmp.markdown_table({"fedx": {"method": "fedx", "final-accuracy": 0.5}}, {}, 2)
-    assert "for fedsimclr, fedbyol, fedu, fedmoco, fedprotocl, fedx linear-probe accuracy (test set)" in ssl
+    assert ("for fedsimclr, fedbyol, fedu, fedmoco, fedprotocl, moon-unsup, fedx linear-probe accuracy "
+            "(test set)") in ssl
     assert "final acc:" not in cmp.markdown_table({"fedavg": {"method": "fedavg", "final-accuracy": 0.5}},
                                                   {}, 2)
     seeds = cmp.seeds_table({"fedcc@lr=0.1": {"final-accuracy": {0: 0.5}, "seeds-ok": [0],

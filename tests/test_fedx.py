@@ -380,22 +380,36 @@ def test_model_contrastive_loss_by_hand():
     assert z.grad is not None and zg.grad is None and zp.grad is None
 
 
-def test_moon_unsup_term_is_log_two_until_a_previous_model_exists_and_moves_it_after():
-    """Round 1: the received model stands in for the previous one, so the term is the constant
-    log 2 and the loss is FedSimCLR's plus it; from round 2 the filed upload is the negative."""
+def test_moon_unsup_loss_by_hand_and_nt_xent_alone_before_a_previous_model():
+    """Round 1 (no previous model): FedSimCLR's loss alone. Then NT-Xent + μ·MOON's term, the frozen
+    global copy the positive and the filed previous model the negative, at moon-tau (not ssl-tau),
+    both copies in eval mode (BatchNorm heads) and without gradient; the term's gradient reaches
+    the local model."""
     from flowerbed.clients.moon_unsup import PREVIOUS
+    from flowerbed.losses import model_contrastive
 
-    client, model, msg, ctx = make_client("moon-unsup", **{"moon-mu": 1.0})
+    client, model, msg, ctx = make_client("moon-unsup", **{"moon-mu": 2.5, "moon-tau": 0.7,
+                                                           "ssl-head-bn": True})
     client.prepare(model, msg)
     x = client.train_data.normalise(client.train_data.x[:8])
     v = client.views(model, x, x.flip(3), None)
+    assert client.previous is None
     assert client.loss(model, v, x, x.flip(3), None).item() == pytest.approx(
-        nt_xent(v["z1"], v["z2"], client.cfg.ssl_tau).item() + math.log(2), rel=1e-5)
-    assert all(not p.requires_grad for p in client.global_model.parameters())
-    other = make_ssl_model(client.cfg, client.train_data)
-    ctx.state[PREVIOUS] = to_record(other)
+        nt_xent(v["z1"], v["z2"], client.cfg.ssl_tau).item(), rel=1e-6)
+    torch.manual_seed(3)
+    ctx.state[PREVIOUS] = to_record(make_ssl_model(client.cfg, client.train_data))
     client.prepare(model, msg)
-    assert client.previous is not client.global_model and not client.previous.training
+    assert not client.previous.training and not client.global_model.training
     v = client.views(model, x, x.flip(3), None)
-    assert client.loss(model, v, x, x.flip(3), None).item() != pytest.approx(
-        nt_xent(v["z1"], v["z2"], client.cfg.ssl_tau).item() + math.log(2), rel=1e-5)
+    with torch.no_grad():
+        _, zg, _ = client.global_model(torch.cat([x, x.flip(3)]))
+        _, zp, _ = client.previous(torch.cat([x, x.flip(3)]))
+    z = torch.cat([v["z1"], v["z2"]])
+    want = nt_xent(v["z1"], v["z2"], client.cfg.ssl_tau) + 2.5 * model_contrastive(z, zg, zp, 0.7)
+    loss = client.loss(model, v, x, x.flip(3), None)
+    assert loss.item() == pytest.approx(want.item(), rel=1e-5)
+    assert loss.item() != pytest.approx((nt_xent(v["z1"], v["z2"], client.cfg.ssl_tau)
+                                         + 2.5 * model_contrastive(z, zp, zg, 0.7)).item(), rel=1e-3)
+    loss.backward()
+    assert model.backbone.conv1.weight.grad.abs().sum() > 0
+    assert all(p.grad is None for m in (client.global_model, client.previous) for p in m.parameters())

@@ -3,9 +3,9 @@ with. FedSimCLR's NT-Xent plus ``moon-mu`` times MOON's model-contrastive loss: 
 projection is pulled towards a frozen copy of the received global model's projection of the
 same view and pushed from the client's previous local model's (``moon-tau``;
 :func:`flowerbed.losses.model_contrastive`), averaged over the two views. The previous local
-model is the client's upload of its last training round, kept in ``context.state``; before it
-has one the received model stands in (as MOON's code starts every previous model from the
-initial global one), which makes the term a constant: log 2.
+model is the client's upload of its last training round, kept in ``context.state``; a client
+without one (its first training round, or its state lost) trains on NT-Xent alone, as MOON's
+code, which has no negative in its first round, adds nothing there.
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ class MoonUnsupClient(SimCLRClient):
         super().prepare(model, msg)
         self.global_model = copy.deepcopy(model).eval().requires_grad_(False)
         previous = self.state_model(PREVIOUS)
-        self.previous = (previous.eval().requires_grad_(False) if previous is not None
-                         else self.global_model)
+        self.previous = previous.eval().requires_grad_(False) if previous is not None else None
 
     def loss(self, model, v, x1, x2, xr):
+        if self.previous is None:
+            return nt_xent(v["z1"], v["z2"], self.cfg.ssl_tau)
         x = torch.cat([x1, x2])
         with torch.no_grad():
             _, zg, _ = self.global_model(x)
