@@ -16,7 +16,7 @@ import torch
 from flwr.app import Message
 
 from flowerbed.clients.fedsimclr import SimCLRClient
-from flowerbed.losses import model_contrastive, nt_xent
+from flowerbed.losses import model_contrastive
 from flowerbed.models.ssl import SSLNet
 from flowerbed.training import to_record
 
@@ -33,15 +33,15 @@ class MoonUnsupClient(SimCLRClient):
         self.previous = previous.eval().requires_grad_(False) if previous is not None else None
 
     def loss(self, model, v, x1, x2, xr):
+        simclr = super().loss(model, v, x1, x2, xr)
         if self.previous is None:
-            return nt_xent(v["z1"], v["z2"], self.cfg.ssl_tau)
+            return simclr
         x = torch.cat([x1, x2])
         with torch.no_grad():
             _, zg, _ = self.global_model(x)
             _, zp, _ = self.previous(x)
         z = torch.cat([v["z1"], v["z2"]])
-        return (nt_xent(v["z1"], v["z2"], self.cfg.ssl_tau)
-                + self.cfg.moon_mu * model_contrastive(z, zg, zp, self.cfg.moon_tau))
+        return simclr + self.cfg.moon_mu * model_contrastive(z, zg, zp, self.cfg.moon_tau)
 
     def finish(self, model: SSLNet) -> dict[str, float]:
         self.context.state[PREVIOUS] = to_record(model)

@@ -356,6 +356,10 @@ class FlowerbedFedAvg(FedAvg):
         self.round.train_metrics = dict(metrics)
         return metrics
 
+    def sample_counts(self, replies: Iterable[Message]) -> np.ndarray:
+        """n_i: each reply's weighting metric (``num-examples``), float64."""
+        return np.array([metric_record(r.content)[self.weighted_by_key] for r in replies], np.float64)
+
     def valid_mean(self, replies: Iterable[Message]
                    ) -> tuple[list[Message], dict[str, Array], list[str]] | None:
         """For a server update of its own (SCAFFOLD, FedDyn, FedNova, FedAMP): the round's valid

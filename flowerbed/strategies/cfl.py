@@ -78,28 +78,25 @@ class CFLStrategy(PersonalStrategy):
         for c, group in sorted(members.items()):
             sent = self.cluster_models.get(str(c), self._reference)
             gram = update_gram(sent, [r.content["arrays"] for _, r in group], params)
-            n = np.array([metric_record(r.content)[self.weighted_by_key] for _, r in group], np.float64)
+            n = self.sample_counts(r for _, r in group)
             p = n / n.sum()
             mean_norm = float(np.sqrt(max(p @ gram @ p, 0.0)))
             max_norm = float(np.sqrt(max(np.diag(gram).max(), 0.0)))
             extra.update({f"cluster-{c}-mean-norm": mean_norm, f"cluster-{c}-max-norm": max_norm})
-            halves = [group]
+            halves, ids = [group], [c]
             known = {int(q) for q, k in self.cluster_of.items() if k == c}
             if (server_round > self.cfg.cfl_warmup and mean_norm < self.cfg.cfl_eps1
                     and max_norm > self.cfg.cfl_eps2 and len(group) >= 3
                     and known <= {q for q, _ in group}):  # every member it has had replied
                 labels = bipartition(gram)
-                new = max([*map(int, self.cluster_models), *self.cluster_of.values(), c]) + 1
+                ids.append(max([*map(int, self.cluster_models), *self.cluster_of.values(), c]) + 1)
                 halves = [[g for g, lab in zip(group, labels, strict=True) if lab == side]
                           for side in (0, 1)]
-                for pid, _ in halves[1]:
-                    self.cluster_of[str(pid)] = new
                 log.info("round %d: cluster %d split (mean update norm %.3g < %g, max %.3g > %g): "
                          "partitions %s stay, %s form cluster %d", server_round, c, mean_norm,
                          self.cfg.cfl_eps1, max_norm, self.cfg.cfl_eps2, [q for q, _ in halves[0]],
-                         [q for q, _ in halves[1]], new)
-            for half in halves:
-                cluster = self.cluster_of.get(str(half[0][0]), 0)
+                         [q for q, _ in halves[1]], ids[1])
+            for cluster, half in zip(ids, halves, strict=True):
                 for pid, _ in half:
                     self.cluster_of[str(pid)] = cluster
                 self.cluster_models[str(cluster)] = cast_like(aggregate_arrayrecords(

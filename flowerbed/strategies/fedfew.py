@@ -70,7 +70,7 @@ class FedFewStrategy(KModelStrategy):
             return None, None
         mrs = [metric_record(r.content) for r in valid]
         losses = np.array([m["losses"] for m in mrs], dtype=np.float64)
-        n = np.array([m["num-examples"] for m in mrs], dtype=np.float64)
+        n = self.sample_counts(valid)
         w, alpha = fedfew_weights(losses, n, self.cfg.fedfew_mu)
         coef = alpha[:, None] * w                           # [M, K]: the paper's delta weights
         mass = coef.sum(0)                                  # [K]: Σ_i α_i w_ik, sums to 1

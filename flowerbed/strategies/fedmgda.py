@@ -23,7 +23,7 @@ from collections.abc import Iterable
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
 
-from flowerbed.strategies.base import FlowerbedFedAvg, cast_like, metric_record, update_gram
+from flowerbed.strategies.base import FlowerbedFedAvg, cast_like, update_gram
 
 log = logging.getLogger("flowerbed")
 
@@ -53,7 +53,7 @@ class FedMGDAStrategy(FlowerbedFedAvg):
         if (taken := self.valid_mean(replies)) is None:
             return None, None
         valid, new, params = taken  # new: the mean, kept for the buffers
-        n = np.array([metric_record(r.content)[self.weighted_by_key] for r in valid], np.float64)
+        n = self.sample_counts(valid)
         ref = {k: self._reference[k].numpy().astype(np.float64) for k in params}
         gram = update_gram(self._reference, [r.content["arrays"] for r in valid], params)
         norms = np.sqrt(np.maximum(np.diag(gram), 0.0))

@@ -46,7 +46,7 @@ class FedNovaStrategy(FlowerbedFedAvg):
         if (taken := self.valid_mean(replies)) is None:
             return None, None
         valid, new, params = taken  # new: the mean, kept for the buffers
-        n = np.array([metric_record(r.content)[self.weighted_by_key] for r in valid], np.float64)
+        n = self.sample_counts(valid)
         p = n / n.sum()
         norms = np.array([metric_record(r.content)[NORM] for r in valid], np.float64)
         tau_eff = float(p @ norms)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
@@ -50,15 +51,14 @@ class FedSoftStrategy(KModelStrategy):
         valid, _ = self._check_and_log_replies(replies, is_train=True)
         if not valid:
             return None, None
-        mrs = [metric_record(r.content) for r in valid]
-        new, mass = [], []
-        for s, old in enumerate(self._models):
-            weighted = [RecordDict({"arrays": r.content["arrays"],
-                                    "w": MetricRecord({"w": m["importance"][s] * m[self.weighted_by_key]})})
-                        for r, m in zip(valid, mrs, strict=True)]
-            new.append(cast_like(aggregate_arrayrecords(weighted, "w"), old))
-            mass.append(sum(m["importance"][s] * m[self.weighted_by_key] for m in mrs))
-        total = sum(mass)
-        metrics = self.client_metrics(valid, {f"model-{s}-importance": v / total for s, v in enumerate(mass)},
+        # u_is n_i [M, S]: client i's weight in centre s
+        weight = (np.array([metric_record(r.content)["importance"] for r in valid])
+                  * self.sample_counts(valid)[:, None])
+        new = [cast_like(aggregate_arrayrecords(
+            [RecordDict({"arrays": r.content["arrays"], "w": MetricRecord({"w": float(w)})})
+             for r, w in zip(valid, weight[:, s], strict=True)], "w"), old)
+            for s, old in enumerate(self._models)]
+        mass = weight.sum(0) / weight.sum()
+        metrics = self.client_metrics(valid, {f"model-{s}-importance": float(v) for s, v in enumerate(mass)},
                                       drop=("importance",))
         return pack(new), metrics
