@@ -14,9 +14,12 @@ Fed-POE (the paper's closest baseline: a local and the federated model mixed by 
 unlabelled streams, flowerbed/clients/fedpoe.py) adapts both models at FixLR(mid)'s fixed rate
 (its federated model is averaged whole, where Fed-ADE's variants average the convolutional layers
 and keep the dense ones on the client).
+ATLAS (the paper's other localised online label-shift baseline; flowerbed/clients/atlas.py) keeps on
+each client, with no federation, a base learner for each step size of the geometric pool from
+fedade-lr-min to fedade-lr-max (and one above), combined by Hedge weights that follow their risks.
 Targets (issue #6): label shift lin and ber: Fed-ADE >= FixLR(mid) + 1 pp and >= no adaptation;
 covariate shift lin: >= FixLR(mid); Fed-ADE's wall time <= 1.2 x FixLR's.
-Usage: .venv/bin/python -m benchmarks.fedade [--steps 20] [--rounds-per-step 2]
+Usage: .venv/bin/python -m benchmarks.fedade [--steps 20] [--rounds-per-step 2] [--variants ATLAS,...]
        .venv/bin/python -m benchmarks.fedade --plot-only [--runs DIR]   (redraw from the runs)
 """
 
@@ -26,7 +29,19 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import RESULTS, checked, note_failures, run_main, run_rows, setting_list, write_result
+from benchmarks.common import (
+    RESULTS,
+    checked,
+    kept_note,
+    merged_rows,
+    note_failures,
+    read_result,
+    rows_to_run,
+    run_main,
+    run_rows,
+    setting_list,
+    write_result,
+)
 from flowerbed.compare import compare
 from flowerbed.config import Config, ConfigError, defaults
 from flowerbed.pretrain import pretrained
@@ -60,9 +75,10 @@ VARIANTS = [
     "fedade@fedade-estimators='unc'",
     "fedade@fedade-lr-mode='none'@fedade-correction='fth'",
     f"fedpoe@fedade-fixed-lr={(LO + HI) / 2}",
+    "atlas",
 ]
 NAMES = ["Fed-ADE", "FixLR(low)", "FixLR(mid)", "FixLR(high)", "no adaptation", "local-only",
-         "w/o S_unc", "w/o S_rep", "FTH", "Fed-POE"]
+         "w/o S_unc", "w/o S_rep", "FTH", "Fed-POE", "ATLAS"]
 SETTINGS = [("label", "lin"), ("label", "ber"), ("covariate", "lin")]
 PLOTTED = ["Fed-ADE", "FixLR(low)", "FixLR(mid)", "FixLR(high)", "no adaptation", "FTH", "Fed-POE"]
 
@@ -96,6 +112,9 @@ def main() -> None:
     ap.add_argument("--rounds-per-step", type=int, default=2)
     ap.add_argument("--settings", type=setting_list, default=",".join(f"{a}/{b}" for a, b in SETTINGS),
                     help="which shift/schedule settings to run (default: all three)")
+    ap.add_argument("--variants", default=",".join(NAMES),
+                    help="run only these rows (named as in the table, comma-separated); the others' "
+                         "earlier results are kept if measured with the same steps and rounds per step")
     ap.add_argument("--plot-only", action="store_true",
                     help="only redraw the plots from the runs of an earlier benchmark")
     ap.add_argument("--runs", type=Path, default=ROOT / "runs",
@@ -106,25 +125,33 @@ def main() -> None:
         for shift, sched in settings:
             print("written:", plot_setting(args.runs, shift, sched))
         return
-    results, rows = {}, []
+    run = rows_to_run(args.variants, NAMES, "variants")
+    specs = [VARIANTS[NAMES.index(n)] for n in run]
+    old = read_result("fedade")
+    same = (old.get("steps"), old.get("rounds-per-step")) == (args.steps, args.rounds_per_step)
+    results = old.get("results", {}) if same else {}
     # pre-train (or load) the starting model, one for every setting, first, so that a cold
     # cache's central training does not count in the wall time of the variant that runs first
     pretrained(Config.from_run_config({**base_config(*settings[0], args.steps, args.rounds_per_step),
                                        "method": "fedade"}))
     for shift, sched in settings:
-        checked(VARIANTS, base_config(shift, sched, args.steps, args.rounds_per_step), 10)
+        checked(specs, base_config(shift, sched, args.steps, args.rounds_per_step), 10)
     for shift, sched in settings:
         base = base_config(shift, sched, args.steps, args.rounds_per_step)
         out = args.runs / f"bench-fedade-{shift}-{sched}"
-        compare(VARIANTS, base, num_clients=10, out=out)
+        compare(specs, base, num_clients=10, out=out)
         note_failures(out)
-        plot_setting(args.runs, shift, sched)
+        if run == NAMES:  # (a subset's folder lacks the other rows' runs: the plots stay)
+            plot_setting(args.runs, shift, sched)
         res = json.loads((out / "results.json").read_text())
-        results[f"{shift}/{sched}"] = {n: res[v] for n, v in zip(NAMES, VARIANTS, strict=True)}
-        for n in NAMES:
-            r = results[f"{shift}/{sched}"][n]
+        key = f"{shift}/{sched}"
+        results[key] = merged_rows(results.get(key, {}), {n: res[v] for n, v in zip(run, specs, strict=True)},
+                                   NAMES)
+    rows = []
+    for key in [f"{a}/{b}" for a, b in SETTINGS if f"{a}/{b}" in results]:
+        for n, r in results[key].items():
             wall = r.get("wall-seconds")  # none where the run failed
-            rows.append([shift, sched, n + (" (failed)" if "error" in r else ""),
+            rows.append([*key.split("/"), n + (" (failed)" if "error" in r else ""),
                          pct(r.get("mean-accuracy")), pct(r.get("mean-pre-accuracy")),
                          "-" if wall is None else f"{wall:.0f}"])
     table = "\n".join(md_table(["shift", "schedule", "variant", "online acc %",
@@ -133,7 +160,7 @@ def main() -> None:
     def at_least(key: str, a: str, b: str, margin: float = 0.0, of: str = "mean-accuracy",
                  times: float = 1.0) -> bool:
         """Variant ``a``'s figure ≥ ``times`` × ``b``'s + ``margin`` (not met where one failed)."""
-        x, y = (results[key][v].get(of) for v in (a, b))
+        x, y = (results[key].get(v, {}).get(of) for v in (a, b))
         return x is not None and y is not None and x >= times * y + margin
 
     checks = {}
@@ -149,7 +176,8 @@ def main() -> None:
     (RESULTS / "fedade.md").write_text(table + "\n")
     write_result("fedade", {"table": table, "checks": checks, "results": results,
                             "steps": args.steps, "rounds-per-step": args.rounds_per_step,
-                            "settings": [f"{a}/{b}" for a, b in settings]})
+                            "settings": [k for k in (f"{a}/{b}" for a, b in SETTINGS) if k in results],
+                            **kept_note("fedade", run != NAMES)})
 
 
 if __name__ == "__main__":

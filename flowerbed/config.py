@@ -30,7 +30,8 @@ PERSONAL_METHODS = ("fedfew", "ifca", "fedsoft", "cfl", "fedrep", "ditto", "apfl
 #: self-supervised methods: trained on pairs of views, scored by a linear probe
 SSL_METHODS = ("fedsimclr", "fedbyol", "fedu", "fedmoco", "fedprotocl", "moon-unsup", "fedx")
 #: adaptation to unlabelled, shifting streams (Fed-ADE's streams, rounds and online accuracy)
-STREAM_METHODS = ("fedade", "fedpoe")
+STREAM_METHODS = ("fedade", "fedpoe", "atlas")
+MAX_ATLAS_BASES = 64  # ATLAS: each client keeps every base learner, a copy of the model, in its state
 MAX_EPSILON = 1e5  # FedXDS: a larger budget is no privacy (give fedxds-sigma for weak noise)
 MAX_TIMEOUT = 7 * 24 * 3600
 MAX_QUEUE = 65536  # FedMoCo: MoCo's own queue length; each client keeps its queue in memory
@@ -121,7 +122,7 @@ class Partition:
 #: runs read no key outside this. The ServerApp warns of a key set for a method not reading it.
 KEY_READERS: dict[str, tuple[str, ...]] = {
     **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedfew", "fedsoft", "fedmgda", "cfl", "fedrep", "ditto",
-                          "apfl", "fedamp", "feddyn", "scaffold", "fedlc", "fedrs", "fedsam",
+                          "atlas", "apfl", "fedamp", "feddyn", "scaffold", "fedlc", "fedrs", "fedsam",
                           "fedvls", "fedmr")},
     "probe": SSL_METHODS, "ssl": SSL_METHODS,
     # NT-Xent's, InfoNCE's, ProtoNCE's mean φ
@@ -131,9 +132,11 @@ KEY_READERS: dict[str, tuple[str, ...]] = {
     "distill": DISTILL_METHODS, "hetero": DISTILL_METHODS,
     "proximal-mu": ("fedprox", "fedx"),  # FedX: with fedx-global='prox' only
     "finetune": ("fedavg-ft",), "num-models": ("fedfew", "ifca", "fedsoft"),
-    "fedade": STREAM_METHODS,  # Fed-POE reads the streams', the risk's, the steps' and fixed-lr; not:
-    **{k: ("fedade",) for k in ("fedade-lr-mode", "fedade-lr-min", "fedade-lr-max", "fedade-estimators",
+    "fedade": STREAM_METHODS,  # Fed-POE and ATLAS read the streams', the risk's and the steps'; not:
+    **{k: ("fedade",) for k in ("fedade-lr-mode", "fedade-estimators",
                                 "fedade-unc", "fedade-rep-ref", "fedade-sync", "fedade-correction")},
+    "fedade-fixed-lr": ("fedade", "fedpoe"),
+    **{k: ("fedade", "atlas") for k in ("fedade-lr-min", "fedade-lr-max")},  # ATLAS: its step-size pool
 }
 
 
@@ -284,6 +287,9 @@ class Config:
     cfl_warmup: int
     fedmgda_epsilon: float
     fedmgda_lr: float
+    atlas_grid: float
+    atlas_meta_lr: float
+    atlas_combine: str
     fedsoft_lambda: float
     fedsoft_tau: int
     fedsoft_sigma: float
@@ -440,7 +446,7 @@ class Config:
                    "fedade-lr-mode": ("adaptive", "fixed", "none"),
                    "fedade-estimators": ("both", "unc", "rep"), "fedade-unc": ("softmax", "hist"),
                    "fedade-rep-ref": ("previous", "ema"), "fedade-risk": ("entropy", "bbse"),
-                   "fedade-correction": ("none", "fth"),
+                   "fedade-correction": ("none", "fth"), "atlas-combine": ("weight", "output"),
                    "fedade-pixels": ("standardised", "raw")}
         for key, allowed in choices.items():
             if getattr(self, key.replace("-", "_")) not in allowed:
@@ -503,7 +509,7 @@ class Config:
                     "fedx-tau-target", "fedx-tau-local", "fedu-mu", "distill-lr", "fedfew-mu",
                     "fedfew-server-lr", "fedxds-clip", "fedamp-alpha", "fedamp-sigma", "fedamp-lambda",
                     "feddyn-alpha", "fedsam-rho", "fedmgda-lr", "cfl-eps1", "cfl-eps2",
-                    "moon-tau"):
+                    "moon-tau", "atlas-meta-lr"):
             v = getattr(self, key.replace("-", "_"))
             if not (v > 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number > 0")
@@ -548,6 +554,29 @@ class Config:
                                   f"must be >= fedade-lr-min = {self.fedade_lr_min}")
             raise ConfigError("fedade-lr-min", self.fedade_lr_min,
                               f"must be in [0, fedade-lr-max = {self.fedade_lr_max}]")
+
+        if self.method == "atlas":
+            self.atlas_pool()  # raises where the pool cannot be built
+
+    def atlas_pool(self) -> list[float]:
+        """ATLAS's step sizes: fedade-lr-min·g^k while <= fedade-lr-max, then one more (the
+        official code's pool), g = atlas-grid."""
+        if not (self.atlas_grid > 1 and math.isfinite(self.atlas_grid)):
+            raise ConfigError("atlas-grid", self.atlas_grid, "must be a finite number > 1 (the ratio "
+                              "of neighbouring step sizes in the pool; the official code: 2)")
+        if self.fedade_lr_min <= 0:
+            raise ConfigError("fedade-lr-min", self.fedade_lr_min, "must be > 0 for ATLAS (its pool "
+                              "of step sizes is geometric, from fedade-lr-min up)")
+        pool, eta = [], self.fedade_lr_min
+        while eta <= self.fedade_lr_max:
+            pool.append(eta)
+            eta *= self.atlas_grid
+            if len(pool) >= MAX_ATLAS_BASES:
+                raise ConfigError("atlas-grid", self.atlas_grid, f"gives more than {MAX_ATLAS_BASES} "
+                                  f"base learners from fedade-lr-min {self.fedade_lr_min:g} to fedade-lr-max "
+                                  f"{self.fedade_lr_max:g} (each is a copy of the model that every client "
+                                  "keeps): a larger atlas-grid or a narrower range")
+        return [*pool, eta]
 
     def resolved_sigma(self) -> float:
         """FedXDS noise std: ``fedxds-sigma``, or calibrated from (epsilon, delta) when epsilon > 0

@@ -9,6 +9,7 @@ from flwr.app import Context
 from torch import nn
 
 from flowerbed.clients.apfl import APFLClient
+from flowerbed.clients.atlas import ATLASClient
 from flowerbed.clients.base import Client, make_model
 from flowerbed.clients.ditto import DittoClient
 from flowerbed.clients.fedade import FedADEClient
@@ -41,6 +42,7 @@ from flowerbed.clients.scaffold import ScaffoldClient
 from flowerbed.config import Config
 from flowerbed.datasets.loading import DataSet
 from flowerbed.strategies.apfl import APFLStrategy
+from flowerbed.strategies.atlas import ATLASStrategy
 from flowerbed.strategies.base import FlowerbedFedAvg
 from flowerbed.strategies.cfl import CFLStrategy
 from flowerbed.strategies.ditto import DittoStrategy
@@ -148,5 +150,7 @@ METHODS: dict[str, Method] = {
                "Fed-ADE (Park et al., 2026): shift-adaptive learning rates on unlabelled streams"),
         Method("fedpoe", FedPOEStrategy, FedPOEClient, make_model,
                "Fed-POE (Ghari & Shen, 2024) on Fed-ADE's streams: local + federated model, Hedge"),
+        Method("atlas", ATLASStrategy, ATLASClient, make_model,
+               "ATLAS (Bai et al., 2022) on Fed-ADE's streams: local OGD at a pool of step sizes, Hedge"),
     )
 }

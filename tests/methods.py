@@ -1,5 +1,8 @@
 """Per-method run-config additions that let every method run on tiny data in tests."""
 
+STREAM = {"fedade-rounds-per-step": 1, "fedade-batch": 20, "fedade-pretrain-epochs": 1,
+          "train-samples": 2000, "min-partition-size": 6}
+
 EXTRA = {
     "fedlc": {"partition": "pathological:2"},
     "fedrs": {"partition": "pathological:2"},
@@ -17,8 +20,8 @@ EXTRA = {
     "moon-unsup": {"probe-every": 2, "probe-epochs": 1, "local-test-fraction": 0.0},
     # seeded noise: the resume and determinism tests compare two runs' metrics
     "fedxds": {"fedxds-warmup-rounds": 1, "fedxds-share-fraction": 0.2, "fedxds-noise": "seeded"},
-    **{m: {"fedade-rounds-per-step": 1, "fedade-batch": 20, "fedade-pretrain-epochs": 1,
-           "train-samples": 2000, "min-partition-size": 6} for m in ("fedade", "fedpoe")},
+    **{m: STREAM for m in ("fedade", "fedpoe")},
+    "atlas": {**STREAM, "atlas-grid": 10.0},  # 4 base learners (1e-5 ... 1e-2), not 8
     **{m: {"num-models": 2, "local-test-fraction": 0.25, "partition": "pathological:2"}
        for m in ("fedfew", "ifca", "fedsoft", "fedrep", "ditto", "apfl", "fedamp", "local", "fedavg-ft")},
     # CFL: splits in round 1 (3 clients), so that a resumed round 2 is served from restored clusters

@@ -389,7 +389,7 @@ COVERED_BY = {"fedprox": "fedavg", "fedavg-ft": "fedavg", "fedsimclr": "fedbyol"
               "fedlc": "fedavg", "fedrs": "fedavg", "fedsam": "fedavg",
               "fedvls": "fedavg", "fedmr": "fedrep", "fedpoe": "fedade", "fedsoft": "fedfew",
               "ifca": "fedfew", "fedmgda": "fedavg", "cfl": "fedrep",
-              "moon-unsup": "fedbyol"}
+              "moon-unsup": "fedbyol", "atlas": "fedade"}
 # MOON-unsup: FedBYOL's messages, its previous local model filed as BYOL's target is. FedMGDA: FedAvg's
 # messages, another server step. CFL: a model for each node (its cluster's), as FedRep's, with FedAvg's
 # client. IFCA, FedSoft: FedFew's messages down (the K models as model.0 ...), FedAvg's up (one whole model as
@@ -407,7 +407,9 @@ COVERED_BY = {"fedprox": "fedavg", "fedavg-ft": "fedavg", "fedsimclr": "fedbyol"
 # targets down, the client model filed in context.state; no unknown class, and FedMD uploads logits). Fed-POE:
 # Fed-ADE's rounds with every layer shared (the whole model up, and the pre-trained one down to a client
 # without its local model, as Fed-ADE's personal layers go to one without its own), its local model and Hedge
-# weights filed in context.state
+# weights filed in context.state. ATLAS: Fed-ADE's rounds, the pre-trained model down to a client without its
+# base learners as Fed-POE's, then messages without a model and replies with metrics only (Local's); its bases
+# and Hedge weights filed in context.state
 DEPLOYED = [m for m in METHODS if m not in COVERED_BY]
 
 
