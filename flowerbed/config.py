@@ -122,8 +122,8 @@ class Partition:
 #: runs read no key outside this. The ServerApp warns of a key set for a method not reading it.
 KEY_READERS: dict[str, tuple[str, ...]] = {
     **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedfew", "fedsoft", "fedmgda", "cfl", "fedrep", "ditto",
-                          "atlas", "apfl", "fedamp", "feddyn", "scaffold", "fedlc", "fedrs", "fedsam",
-                          "fedvls", "fedmr")},
+                          "atlas", "fedftg", "apfl", "fedamp", "feddyn", "scaffold", "fedlc", "fedrs",
+                          "fedsam", "fedvls", "fedmr")},
     "probe": SSL_METHODS, "ssl": SSL_METHODS,
     # NT-Xent's, InfoNCE's, ProtoNCE's mean φ
     "ssl-tau": ("fedsimclr", "fedmoco", "fedprotocl", "moon-unsup", "fedx"),
@@ -287,6 +287,13 @@ class Config:
     cfl_warmup: int
     fedmgda_epsilon: float
     fedmgda_lr: float
+    fedftg_iterations: int
+    fedftg_gen_steps: int
+    fedftg_student_steps: int
+    fedftg_gen_lr: float
+    fedftg_z_dim: int
+    fedftg_lambda_md: float
+    fedftg_lambda_div: float
     atlas_grid: float
     atlas_meta_lr: float
     atlas_combine: str
@@ -381,9 +388,10 @@ class Config:
                          "moco-queue",
                          "fedade-rounds-per-step", "fedade-batch", "fedade-steps", "fedade-pretrain-epochs",
                          "fedxds-warmup-rounds",  # FedXDS shares in its last warm-up round
-                         "ditto-personal-epochs", "fedsoft-tau")
+                         "ditto-personal-epochs", "fedsoft-tau", "fedftg-gen-steps", "fedftg-student-steps",
+                         "fedftg-z-dim")
         for key in ("distill-epochs", "fedcc-ssl-epochs", "fedrep-head-epochs", "finetune-epochs",
-                    "fedmr-first-stage", "protocl-warmup-rounds", "cfl-warmup"):
+                    "fedmr-first-stage", "protocl-warmup-rounds", "cfl-warmup", "fedftg-iterations"):
             if getattr(self, key.replace("-", "_")) < 0:
                 raise ConfigError(key, getattr(self, key.replace("-", "_")), "must be an integer >= 0")
         for key in positive_ints:
@@ -509,7 +517,7 @@ class Config:
                     "fedx-tau-target", "fedx-tau-local", "fedu-mu", "distill-lr", "fedfew-mu",
                     "fedfew-server-lr", "fedxds-clip", "fedamp-alpha", "fedamp-sigma", "fedamp-lambda",
                     "feddyn-alpha", "fedsam-rho", "fedmgda-lr", "cfl-eps1", "cfl-eps2",
-                    "moon-tau", "atlas-meta-lr"):
+                    "moon-tau", "atlas-meta-lr", "fedftg-gen-lr"):
             v = getattr(self, key.replace("-", "_"))
             if not (v > 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number > 0")
@@ -544,7 +552,7 @@ class Config:
         for key in ("weight-decay", "proximal-mu", "ditto-lambda", "apfl-alpha-lr", "fedcc-lambda",
                     "fedxds-lambda", "fedxds-sigma", "fedxds-epsilon", "fedade-fixed-lr", "fedade-lr-min",
                     "fedade-lr-max", "fedlc-tau", "fedvls-lambda", "fedsoft-lambda",
-                    "moon-mu"):
+                    "moon-mu", "fedftg-lambda-md", "fedftg-lambda-div"):
             v = getattr(self, key.replace("-", "_"))
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number >= 0")

@@ -20,6 +20,7 @@ from flowerbed.clients.fedcc import FedCCClient
 from flowerbed.clients.feddf import FedDFClient
 from flowerbed.clients.feddyn import FedDynClient
 from flowerbed.clients.fedfew import FedFewClient
+from flowerbed.clients.fedftg import FedFTGClient
 from flowerbed.clients.fedlc import FedLCClient
 from flowerbed.clients.fedmd import FedMDClient
 from flowerbed.clients.fedmoco import MoCoClient
@@ -53,6 +54,7 @@ from flowerbed.strategies.fedcc import FedCCStrategy
 from flowerbed.strategies.feddf import FedDFStrategy
 from flowerbed.strategies.feddyn import FedDynStrategy
 from flowerbed.strategies.fedfew import FedFewStrategy
+from flowerbed.strategies.fedftg import FedFTGStrategy
 from flowerbed.strategies.fedmd import FedMDStrategy
 from flowerbed.strategies.fedmgda import FedMGDAStrategy
 from flowerbed.strategies.fedmr import FedMRStrategy
@@ -105,6 +107,8 @@ METHODS: dict[str, Method] = {
                "FedVLS (Guo et al., 2024): FedAvg, vacant-class distillation + logit suppression"),
         Method("fedmr", FedMRStrategy, FedAvgClient, make_model,
                "FedMR (Hu et al., 2024): a pool of local models, recombined layer-wise every round"),
+        Method("fedftg", FedFTGStrategy, FedFTGClient, make_model,
+               "FedFTG (Zhang et al., 2022): FedAvg, the global model fine-tuned by data-free distillation"),
         Method("fedsimclr", SSLStrategy, SimCLRClient, make_ssl_model,
                "FedSimCLR: SimCLR (NT-Xent) locally, FedAvg; linear probe"),
         Method("fedbyol", SSLStrategy, BYOLClient, make_ssl_model,

@@ -8,6 +8,7 @@ EXTRA = {
     "fedrs": {"partition": "pathological:2"},
     "fedsam": {"partition": "pathological:2"},
     "fedvls": {"partition": "pathological:2"},
+    "fedftg": {"fedftg-iterations": 1, "fedftg-student-steps": 1},  # the server's distillation is the cost
     "fedcc": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},
     "feddf": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},
     "fedmd": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},

@@ -389,7 +389,8 @@ COVERED_BY = {"fedprox": "fedavg", "fedavg-ft": "fedavg", "fedsimclr": "fedbyol"
               "fedlc": "fedavg", "fedrs": "fedavg", "fedsam": "fedavg",
               "fedvls": "fedavg", "fedmr": "fedrep", "fedpoe": "fedade", "fedsoft": "fedfew",
               "ifca": "fedfew", "fedmgda": "fedavg", "cfl": "fedrep",
-              "moon-unsup": "fedbyol", "atlas": "fedade"}
+              "moon-unsup": "fedbyol", "atlas": "fedade", "fedftg": "fedavg"}
+# FedFTG: FedAvg's messages, with a list-valued metric more (its label counts).
 # MOON-unsup: FedBYOL's messages, its previous local model filed as BYOL's target is. FedMGDA: FedAvg's
 # messages, another server step. CFL: a model for each node (its cluster's), as FedRep's, with FedAvg's
 # client. IFCA, FedSoft: FedFew's messages down (the K models as model.0 ...), FedAvg's up (one whole model as
