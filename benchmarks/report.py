@@ -58,9 +58,9 @@ def render() -> str:
                                   "FedMR (ensemble accuracy)"),
                         ("fedfew", "FedFew vs IFCA, FedSoft, CFL, FedAvg, FedProx, FedMGDA+, FedRep, Ditto, "
                                    "APFL, FedAMP, Local (personalised)"),
-                        ("fedxds", "FedXDS vs FedAvg, FedProx, SCAFFOLD, FedDyn, unmasked sharing"),
+                        ("fedxds", "FedXDS vs FedAvg, FedProx, SCAFFOLD, FedDyn, FedFTG, unmasked sharing"),
                         ("fedxds-100clients", "FedXDS with 100 clients"),
-                        ("fedade", "Fed-ADE vs fixed learning rates"),
+                        ("fedade", "Fed-ADE vs fixed learning rates, FTH, Fed-POE, ATLAS"),
                         ("fedade_bounds", "Fed-ADE vs FixLR as both learning-rate bounds scale "
                                           "(no target; the checks above use the x1 bounds)")):
         if d := read_result(name):
