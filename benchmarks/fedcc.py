@@ -1,6 +1,6 @@
 """FedCC vs distillation and parameter-based baselines under label skew, Fashion-MNIST (ensemble accuracy).
 
-Baselines: FedDF, FedMD (distillation); FedAvg, FedNova, FedLC, FedRS, FedSAM, FedVLS, FedMR
+Baselines: FedDF, FedMD, FedCT (distillation); FedAvg, FedNova, FedLC, FedRS, FedSAM, FedVLS, FedMR
 (parameter-based).
 Same public set (a seeded 10 % of the training set, unlabelled), partitions and seeds for every
 method; 10 clients; the distillation methods use two CNN widths (half the clients each), the
@@ -11,19 +11,18 @@ with dirichlet:0.05 and pathological:2, FedCC >= FedDF; FedCC's upload per clien
 
 Epochs: the paper runs 20 epochs per stage for every method; this CPU preset runs 5 epochs of
 private training for every method (``local-epochs``: FedAvg's local training, FedDF's and FedMD's
-private fit, FedCC's supervised fit) and 5 of FedCC's third stage, and 1 epoch of distillation
-(``distill-epochs``; the paper does not state it separately). With 1 epoch per stage FedCC's
-clients never settle on their own class and the ensemble stayed near 14 % (2026-11-29 run), and
-with 5 distillation epochs the distilled targets spread every client's class bias over all
-classes, so no pseudo-label says "unknown" any more (in-process: 36 % after round 1, 10 % after
-round 3). FedDF also runs with 5 distillation epochs (``feddf@distill-epochs=5``) so that the
-longer distillation it may prefer is measured too. FedCC also runs with the paper's 20 epochs for
-its third stage and a black probe image (Fashion-MNIST's background, a solid colour as in CDMAD)
-(``PAPER_FEDCC``): with 5 epochs and the mean-intensity probe, some clients' probe bias covered all
-classes by round 3-4 (w_u = 0) and the ensemble collapsed. Its checks are reported separately.
-Usage: .venv/bin/python -m benchmarks.fedcc [--rounds 5] [--train-samples 10000] [--splits ...]
-       [--methods ...] [--resume]
-"""
+private fit, FedCT's fit on private and pseudo-labelled public data, FedCC's supervised fit) and 5
+of FedCC's third stage, and 1 epoch of distillation (``distill-epochs``; the paper does not state it
+separately). With 1 epoch per stage FedCC's clients never settle on their own class and the ensemble
+stayed near 14 % (2026-11-29 run), and with 5 distillation epochs the distilled targets spread every
+client's class bias over all classes, so no pseudo-label says "unknown" any more (in-process: 36 %
+after round 1, 10 % after round 3). FedDF also runs with 5 distillation epochs
+(``feddf@distill-epochs=5``) so that the longer distillation it may prefer is measured too. FedCC
+also runs with the paper's 20 epochs for its third stage and a black probe image (Fashion-MNIST's
+background, a solid colour as in CDMAD) (``PAPER_FEDCC``): with 5 epochs and the mean-intensity
+probe, some clients' probe bias covered all classes by round 3-4 (w_u = 0) and the ensemble
+collapsed. Its checks are reported separately. Usage: .venv/bin/python -m benchmarks.fedcc [--rounds
+5] [--train-samples 10000] [--splits ...]        [--methods ...] [--resume] """
 
 from __future__ import annotations
 
@@ -46,8 +45,8 @@ from flowerbed.compare import compare, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_FEDCC = "fedcc@fedcc-ssl-epochs=20@fedcc-probe-input='black'"
-METHODS = ["fedcc", PAPER_FEDCC, "feddf", "feddf@distill-epochs=5", "fedmd", "fedavg", "fednova", "fedlc",
-           "fedrs", "fedsam", "fedvls", "fedmr"]
+METHODS = ["fedcc", PAPER_FEDCC, "feddf", "feddf@distill-epochs=5", "fedmd", "fedct", "fedavg", "fednova",
+           "fedlc", "fedrs", "fedsam", "fedvls", "fedmr"]
 SPLITS = ["pathological:1", "dirichlet:0.05", "pathological:2"]
 
 

@@ -3,7 +3,7 @@
 Flower keeps a client's ``context.state`` for one run; a resumed run is a new Flower run with empty
 contexts. Methods whose clients keep state between rounds (SCAFFOLD's c_i, FedDyn's ∇L_i, FedBYOL's
 target, FedU's local model, FedMoCo's and FedProtoCL's key encoder and queue, MOON-unsup's previous
-model, FedCC/FedDF/FedMD's models, FedRep's head, Ditto's personal model, APFL's personal model and
+model, FedCC/FedDF/FedMD/FedCT's models, FedRep's head, Ditto's personal model, APFL's personal model and
 α, Local's model, FedSoft's local model and importance weights, FedXDS's D_g, Fed-ADE's personal
 layers and estimator buffers, Fed-POE's local and pre-trained models and Hedge weights) therefore
 file it after every training round, on the

@@ -23,7 +23,7 @@ DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "svhn")
 MODELS = ("cnn", "resnet8", "resnet18")
 PARTITION_KINDS = ("iid", "dirichlet", "pathological", "shards")
 FEDX_BASES = ("simclr", "byol", "fedu", "moco", "protocl")
-DISTILL_METHODS = ("fedcc", "feddf", "fedmd")
+DISTILL_METHODS = ("fedcc", "feddf", "fedmd", "fedct")
 #: methods scored by personalised accuracy on the clients' local test splits
 PERSONAL_METHODS = ("fedfew", "ifca", "fedsoft", "cfl", "fedrep", "ditto", "apfl", "fedamp", "local",
                     "fedavg-ft")

@@ -17,6 +17,7 @@ from flowerbed.clients.fedamp import FedAMPClient
 from flowerbed.clients.fedavg import FedAvgClient, FedAvgFTClient, FedProxClient
 from flowerbed.clients.fedbyol import BYOLClient
 from flowerbed.clients.fedcc import FedCCClient
+from flowerbed.clients.fedct import FedCTClient
 from flowerbed.clients.feddf import FedDFClient
 from flowerbed.clients.feddyn import FedDynClient
 from flowerbed.clients.fedfew import FedFewClient
@@ -51,6 +52,7 @@ from flowerbed.strategies.fedade import FedADEStrategy
 from flowerbed.strategies.fedamp import FedAMPStrategy
 from flowerbed.strategies.fedavg import FedAvgFTStrategy, FedAvgStrategy, FedProxStrategy
 from flowerbed.strategies.fedcc import FedCCStrategy
+from flowerbed.strategies.fedct import FedCTStrategy
 from flowerbed.strategies.feddf import FedDFStrategy
 from flowerbed.strategies.feddyn import FedDynStrategy
 from flowerbed.strategies.fedfew import FedFewStrategy
@@ -129,6 +131,8 @@ METHODS: dict[str, Method] = {
                "FedDF-style: averaged soft targets on the public set + distillation"),
         Method("fedmd", FedMDStrategy, FedMDClient, no_server_model,
                "FedMD (Li & Wang, 2019): consensus class scores, digest + revisit"),
+        Method("fedct", FedCTStrategy, FedCTClient, no_server_model,
+               "FedCT (Abourayya et al., 2025): hard labels on the public set, majority-vote pseudo-labels"),
         Method("fedfew", FedFewStrategy, FedFewClient, make_model,
                "FedFew (Guo et al., 2026): K server models, smooth Tchebycheff weights"),
         Method("ifca", IFCAStrategy, IFCAClient, make_model,

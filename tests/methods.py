@@ -12,6 +12,7 @@ EXTRA = {
     "fedcc": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},
     "feddf": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},
     "fedmd": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},
+    "fedct": {"public-fraction": 0.1, "partition": "pathological:1"},
     "fedx": {"fedx-base": "simclr", "probe-every": 2, "probe-epochs": 1, "local-test-fraction": 0.0},
     "fedsimclr": {"probe-every": 2, "probe-epochs": 1, "local-test-fraction": 0.0},
     "fedbyol": {"probe-every": 2, "probe-epochs": 1, "local-test-fraction": 0.0},

@@ -1178,7 +1178,7 @@ def test_a_table_says_what_final_acc_measures_where_a_method_measures_its_own_wa
                                                   {}, 2)
     seeds = cmp.seeds_table({"fedcc@lr=0.1": {"final-accuracy": {0: 0.5}, "seeds-ok": [0],
                                               "seeds-failed": [], "final-accuracy-mean": 0.5}}, {}, 2, [0])
-    assert "for fedcc, feddf, fedmd ensemble accuracy (test set)" in seeds
+    assert "for fedcc, feddf, fedmd, fedct ensemble accuracy (test set)" in seeds
 
 
 def test_a_runs_own_plot_says_what_ran_and_what_it_measures(tmp_path, monkeypatch):

@@ -166,7 +166,7 @@ def mixed_faults_cover_every_kind(cfg: Config, clients: int) -> set[str]:
 # SSLStrategy): each fault costs the matrix 3-5 s, mostly the 2 s timeout of the silent client
 FAULT_TWINS = {"fedprox": "fedavg", "fedlc": "fedavg", "fedrs": "fedavg", "fedsam": "fedavg",
                "fedvls": "fedavg", "fedsimclr": "fedbyol", "fedu": "fedbyol", "fedmoco": "fedbyol",
-               "fedprotocl": "fedbyol", "moon-unsup": "fedbyol"}
+               "fedprotocl": "fedbyol", "moon-unsup": "fedbyol", "fedct": "feddf"}
 
 
 def test_fault_twins_share_the_server_path():

@@ -14,6 +14,7 @@ from torch import nn
 from flowerbed.clients.base import Client
 from flowerbed.config import Config
 from flowerbed.datasets.federated import public_set, test_set
+from flowerbed.datasets.loading import DataSet
 from flowerbed.models import build_model
 from flowerbed.strategies.distill import PREDICTIONS, SOFT_TARGETS, TEST_PREDICTIONS
 from flowerbed.training import (
@@ -51,11 +52,13 @@ class DistillClient(Client):
             torch.manual_seed(self.cfg.seed * 1000 + self.partition_id)
             return self.new_model().to(self.device)
 
-    def fit_private(self, model: nn.Module, gen: torch.Generator, epochs: int, **hooks) -> float:
-        """Supervised fit on the private labelled data with Adam (``distill-lr``)."""
+    def fit_private(self, model: nn.Module, gen: torch.Generator, epochs: int, data: DataSet | None = None,
+                    **hooks) -> float:
+        """Supervised fit on the private labelled data (or ``data``) with Adam (``distill-lr``)."""
         cfg = self.cfg
-        loss, _ = train_epochs(model, self.train_data, epochs=epochs, batch_size=cfg.batch_size,
-                               lr=cfg.distill_lr, momentum=0.0, weight_decay=cfg.weight_decay,
+        loss, _ = train_epochs(model, self.train_data if data is None else data, epochs=epochs,
+                               batch_size=cfg.batch_size, lr=cfg.distill_lr, momentum=0.0,
+                               weight_decay=cfg.weight_decay,
                                device=self.device, generator=gen, optimizer="adam", **hooks)
         return loss
 
@@ -93,9 +96,14 @@ class DistillClient(Client):
             raise ValueError(f"'{SOFT_TARGETS}' holds NaN or inf values")
         metrics = self.local_update(model, targets, gen)
         self.context.state[STATE] = to_record(model)
-        preds = predict(model, self.public, self.device, probabilities=self.probabilities)
+        preds = self.outputs(model, self.public)
         return self.reply(msg, {"num-examples": len(self.train_data), **metrics},
                           **{PREDICTIONS: ArrayRecord({"p": Array(preds.numpy())})})
+
+    def outputs(self, model: nn.Module, data: DataSet) -> torch.Tensor:
+        """What the client shares of its model on ``data`` (the public or the test set): its
+        softmax outputs (FedMD: logits; FedCT: hard labels, one-hot)."""
+        return predict(model, data, self.device, probabilities=self.probabilities)
 
     def local_accuracy(self, model: nn.Module) -> dict[str, float]:
         """The local model on its local test split (not the ensemble)."""
@@ -105,7 +113,7 @@ class DistillClient(Client):
     def evaluate(self, msg: Message) -> Message:
         model = self.local_model()
         test = test_set(self.cfg)
-        preds = predict(model, test, self.device, probabilities=self.probabilities)
+        preds = self.outputs(model, test)
         metrics = {"num-examples": len(self.test_data)}  # 0: no local test split, no local scores
         if len(self.test_data):
             metrics.update(self.local_accuracy(model))

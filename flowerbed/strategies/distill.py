@@ -1,4 +1,4 @@
-"""Server half shared by the distillation methods (FedCC, FedDF, FedMD): no weights travel.
+"""Server half shared by the distillation methods (FedCC, FedDF, FedMD, FedCT): no weights travel.
 
 Each round the server broadcasts soft targets on the public set (a named ArrayRecord,
 ``soft_targets``, [|D_u|, C]; none in round 1), clients reply with their predictions on the
