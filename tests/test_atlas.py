@@ -68,3 +68,28 @@ def test_hedge_moves_once_a_step_and_only_the_first_message_carries_a_model(tmp_
     # 3 x the CNN, then no model
     assert rows[1]["bytes-down"] > 3e6 and max(r["bytes-down"] for r in rows[2:]) < 1000
     assert max(r["bytes-up"] for r in rows[1:]) < 1000
+
+
+def test_a_diverged_base_is_left_out_of_either_combination_and_a_mixture_evaluates_its_parts():
+    """From a review: 0·NaN in the weighted mean (and −inf + NaN in the mixture) let one diverged
+    base spoil the combined model for good; Mixture.eval() left its parts in train mode."""
+    from flwr.app import Context, RecordDict
+
+    from flowerbed.clients.fedpoe import Mixture
+    from flowerbed.registry import METHODS
+
+    for combine in ("weight", "output"):
+        cfg = Config.from_run_config({"method": "atlas", "num-server-rounds": 4, **EXTRA["atlas"],
+                                      "atlas-combine": combine})
+        ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 3},
+                      state=RecordDict(), run_config=cfg.to_run_config())
+        client = METHODS["atlas"].client(cfg, ctx)
+        bases = [client.new_model() for _ in range(3)]
+        with torch.no_grad():
+            next(bases[1].parameters()).fill_(float("nan"))
+        out = client.combined(bases, np.zeros(3)).eval()(torch.zeros(2, 1, 28, 28))
+        assert torch.isfinite(out).all(), combine
+    parts = [nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2)) for _ in range(2)]
+    mix = Mixture(parts, np.zeros(2)).eval()
+    assert not any(p.training for p in parts)
+    assert not any(p.training for p in mix.train().eval().parts) and mix.train().parts[0].training

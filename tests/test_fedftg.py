@@ -70,3 +70,22 @@ def test_a_reply_with_malformed_label_counts_is_refused():
         assert (strategy.check_arrays(content) is None) is ok, counts
     bad = RecordDict({"arrays": arrays, "m": MetricRecord({"num-examples": 10})})
     assert "label-counts" in strategy.check_reply(reply(sent[0], bad), True)
+
+
+def test_the_ensemble_target_the_generator_loss_and_the_diversity_by_hand():
+    """From a review: a flipped hard-sample sign or an unweighted ensemble would have passed."""
+    from flowerbed.config import Config
+    from flowerbed.strategies.fedftg import FedFTGStrategy, ensemble_target
+
+    g = torch.Generator().manual_seed(1)
+    t1, t2 = torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)
+    w = torch.tensor([[1.0, 0.0], [0.25, 0.75], [0.0, 1.0]])
+    want = w[:, :1] * F.softmax(t1, 1) + w[:, 1:] * F.softmax(t2, 1)
+    assert torch.allclose(ensemble_target([t1, t2], w), want)
+    s = FedFTGStrategy(Config.from_run_config({"method": "fedftg", "fedftg-lambda-md": 2.0,
+                                               "fedftg-lambda-div": 0.5}))
+    assert float(s.generator_loss(torch.tensor(1.0), torch.tensor(3.0), torch.tensor(4.0))) == 1 - 6 + 2
+    z, x = torch.randn(5, 8, generator=g), torch.randn(5, 1, 4, 4, generator=g)
+    dz = (z[:, None] - z[None]).pow(2).mean(2)
+    dx = (x.flatten(1)[:, None] - x.flatten(1)[None]).abs().mean(2)
+    assert float(diversity(z, x)) == pytest.approx(float(torch.exp(-(dz * dx).mean())), rel=1e-5)

@@ -47,12 +47,18 @@ BASE, HEDGE = "atlas.base.", "atlas.hedge"
 
 def weight_average(models: list[nn.Module], log_w: np.ndarray, into: nn.Module) -> nn.Module:
     """``into`` loaded with the softmax(log_w)-weighted mean of the models' floating-point
-    parameters and buffers (an integer buffer, such as BatchNorm's batch count, is the first's)."""
+    parameters and buffers (an integer buffer, such as BatchNorm's batch count, is the first kept one's).
+    A model of weight 0 (log-weight −inf) is left out: 0 · NaN would spoil the mean."""
     p = torch.softmax(torch.as_tensor(log_w, dtype=torch.float64), 0)
-    states = [m.state_dict() for m in models]
-    into.load_state_dict({k: sum(float(w) * s[k].double() for w, s in zip(p, states, strict=True)).to(v.dtype)
-                          if v.is_floating_point() else v for k, v in states[0].items()})
+    states = [(float(w), m.state_dict()) for w, m in zip(p, models, strict=True) if w > 0]
+    first = states[0][1]
+    into.load_state_dict({**first, **{k: sum(w * s[k].double() for w, s in states).to(v.dtype)
+                                      for k, v in first.items() if v.is_floating_point()}})
     return into
+
+
+def finite(model: nn.Module) -> bool:
+    return all(bool(torch.isfinite(v).all()) for v in model.state_dict().values() if v.is_floating_point())
 
 
 class ATLASClient(FedADEClient):
@@ -63,10 +69,15 @@ class ATLASClient(FedADEClient):
         return None  # (fedade-correction is Fed-ADE's: ATLAS does not read it)
 
     def bases(self, msg: Message) -> list[nn.Module]:
-        """This client's base learners; each starts as the model the server sends (pre-trained)."""
+        """This client's base learners; each starts as the model the server sends (pre-trained)
+        until the client holds its own."""
         state = self.context.state.array_records
-        return [self.model_with(state.get(f"{BASE}{i}") or msg.content["arrays"])
-                for i in range(len(self.cfg.atlas_pool()))]
+        keys = [f"{BASE}{i}" for i in range(len(self.cfg.atlas_pool()))]
+        if any(k not in state for k in keys) and "arrays" not in msg.content.array_records:
+            raise RuntimeError(f"partition {self.partition_id}: this client holds no base learners of "
+                               "its own (its context.state was lost?) and the message has no pre-trained "
+                               "model; the server sends it next time")
+        return [self.model_with(state[k] if k in state else msg.content["arrays"]) for k in keys]
 
     def hedge(self) -> tuple[np.ndarray, int, int]:
         """(log-weights, the time step they last moved at (−1: never), how many times they moved)."""
@@ -77,9 +88,14 @@ class ATLASClient(FedADEClient):
         return rec["log_w"].numpy().copy(), t, n
 
     def combined(self, bases: list[nn.Module], log_w: np.ndarray) -> nn.Module:
+        """The bases combined by their weights; a base whose parameters are no longer finite (it
+        diverged at its step size) is left out before Hedge has seen its risk."""
+        ok = np.array([finite(b) for b in bases])
+        if ok.any():
+            log_w = np.where(ok, log_w, -np.inf)
         if self.cfg.atlas_combine == "output":
             return Mixture(bases, log_w)
-        return weight_average(bases, log_w, self.new_model())
+        return weight_average(bases, log_w, self.new_model().to(self.device))
 
     def model_for(self, msg: Message) -> nn.Module:
         """The model this client predicts with: its bases, combined by their Hedge weights."""

@@ -63,10 +63,13 @@ def hedge_step(log_w: np.ndarray, losses: np.ndarray, eta: float) -> np.ndarray:
 
 def mixture(log_w: np.ndarray, logits: list[torch.Tensor]) -> torch.Tensor:
     """log Σ_j softmax(log_w)_j · softmax(logits_j): the mixture's log-probabilities (which are
-    its own logits: a mixture can be mixed again)."""
-    lw = torch.log_softmax(torch.as_tensor(log_w, dtype=logits[0].dtype, device=logits[0].device), 0)
-    return torch.logsumexp(torch.stack([w + torch.log_softmax(z, 1) for w, z in zip(lw, logits,
-                                                                                  strict=True)]), 0)
+    its own logits: a mixture can be mixed again). A model of weight 0 (log-weight −inf: Hedge
+    dropped it) is left out, so that its outputs, NaN if it diverged, do not reach the mixture."""
+    keep = [j for j, w in enumerate(log_w) if np.isfinite(w)] or list(range(len(logits)))
+    lw = torch.log_softmax(torch.as_tensor(np.asarray(log_w)[keep], dtype=logits[0].dtype,
+                                           device=logits[0].device), 0)
+    return torch.logsumexp(torch.stack([w + torch.log_softmax(logits[j], 1) for w, j in zip(lw, keep,
+                                                                                          strict=True)]), 0)
 
 
 class Mixture(nn.Module):
@@ -76,6 +79,13 @@ class Mixture(nn.Module):
     def __init__(self, models: list[nn.Module], log_w: np.ndarray) -> None:
         super().__init__()
         self.parts, self.log_w = models, log_w  # (a plain list: nothing to train or save)
+
+    def train(self, mode: bool = True) -> Mixture:
+        """Train or eval mode for the mixed models too (their BatchNorm and dropout)."""
+        super().train(mode)
+        for m in self.parts:
+            m.train(mode)
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return mixture(self.log_w, [m(x) for m in self.parts])

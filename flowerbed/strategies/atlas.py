@@ -17,6 +17,7 @@ from flowerbed.strategies.fedade import FedADEStrategy
 class ATLASStrategy(FedADEStrategy):
     reply_arrays: dict[str, str] = {}  # clients reply with metrics only
     corrects = False
+    server_model = False  # its arrays stay the pre-trained model, which no client predicts with
 
     def content_for(self, node: int, content: RecordDict) -> RecordDict:
         if not self.holds(node):

@@ -64,9 +64,9 @@ class Generator(nn.Module):
 def diversity(z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """exp(−mean_ij ‖z_i − z_j‖²_mean · |x_i − x_j|_mean): small when distant noises give distant
     images (FedGen's diversity loss, which FedFTG uses)."""
-    dz = (z[:, None] - z[None]).pow(2).mean(2)
+    dz = torch.cdist(z, z).pow(2) / z.shape[1]
     x = x.flatten(1)
-    dx = (x[:, None] - x[None]).abs().mean(2)
+    dx = torch.cdist(x, x, p=1) / x.shape[1]  # (B² distances, not B²·D differences in memory)
     return torch.exp(-(dz * dx).mean())
 
 
@@ -80,6 +80,11 @@ def generator_terms(teachers: list[torch.Tensor], student: torch.Tensor, y: torc
     md = sum((w[:, k] * F.kl_div(log_s, F.log_softmax(t, 1), reduction="none", log_target=True).sum(1)).mean()
              for k, t in enumerate(teachers))
     return cls, md
+
+
+def ensemble_target(teachers: list[torch.Tensor], w: torch.Tensor) -> torch.Tensor:
+    """The class-level ensemble's probabilities Σ_k w_k softmax(f_k) [B, C], ``w`` [B, K]."""
+    return sum(w[:, k, None] * F.softmax(t, 1) for k, t in enumerate(teachers))
 
 
 def class_weights(counts: np.ndarray) -> np.ndarray:
@@ -120,7 +125,10 @@ class FedFTGStrategy(FlowerbedFedAvg):
         """The global model ``mean`` after the round's data-free distillation from ``uploads``,
         and the losses of the last iteration."""
         cfg, device = self.cfg, pick_device()
-        student = load_record(self._network(), mean).to(device).eval()
+        if not cfg.fedftg_iterations:
+            return mean, {}  # FedAvg
+        # (the mean as FedAvg casts it: a float64 mean of an int64 buffer rounded, not truncated)
+        student = load_record(self._network(), cast_like(mean, self._reference)).to(device).eval()
         teachers = [load_record(self._network(), r).to(device).eval().requires_grad_(False) for r in uploads]
         gen = self._generator().to(device).train()
         opt_g = torch.optim.Adam(gen.parameters(), lr=cfg.fedftg_gen_lr)
@@ -140,12 +148,12 @@ class FedFTGStrategy(FlowerbedFedAvg):
                 cls, md = generator_terms([t(x) for t in teachers], student(x), y, w)
                 div = diversity(z, x)
                 opt_g.zero_grad(set_to_none=True)
-                (cls - cfg.fedftg_lambda_md * md + cfg.fedftg_lambda_div * div).backward()
+                self.generator_loss(cls, md, div).backward()
                 opt_g.step()
             student.requires_grad_(True)
             with torch.no_grad():
                 x = gen(z, y)
-                target = sum(w[:, k, None] * F.softmax(t(x), 1) for k, t in enumerate(teachers))
+                target = ensemble_target([t(x) for t in teachers], w)
             for _ in range(cfg.fedftg_student_steps):
                 kd = -(target * F.log_softmax(student(x), 1)).sum(1).mean()
                 opt_s.zero_grad(set_to_none=True)
@@ -155,6 +163,11 @@ class FedFTGStrategy(FlowerbedFedAvg):
                       {"ftg-cls": cls, "ftg-md": md, "ftg-div": div, "ftg-kd": kd}.items()}
         self.generator = to_record(gen)
         return to_record(student), losses
+
+    def generator_loss(self, cls: torch.Tensor, md: torch.Tensor, div: torch.Tensor) -> torch.Tensor:
+        """L_cls − λ_md·L_md + λ_div·L_div: faithful to the teachers, hard for the global model
+        (it maximises their disagreement), diverse."""
+        return cls - self.cfg.fedftg_lambda_md * md + self.cfg.fedftg_lambda_div * div
 
     def _network(self) -> nn.Module:
         return copy.deepcopy(self.model)
