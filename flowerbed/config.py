@@ -122,8 +122,8 @@ class Partition:
 #: runs read no key outside this. The ServerApp warns of a key set for a method not reading it.
 KEY_READERS: dict[str, tuple[str, ...]] = {
     **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedfew", "fedsoft", "fedmgda", "cfl", "fedrep", "ditto",
-                          "atlas", "fedftg", "apfl", "fedamp", "feddyn", "scaffold", "fedlc", "fedrs",
-                          "fedsam", "fedvls", "fedmr")},
+                          "atlas", "fedftg", "fedconcat", "apfl", "fedamp", "feddyn", "scaffold", "fedlc",
+                          "fedrs", "fedsam", "fedvls", "fedmr")},
     "probe": SSL_METHODS, "ssl": SSL_METHODS,
     # NT-Xent's, InfoNCE's, ProtoNCE's mean φ
     "ssl-tau": ("fedsimclr", "fedmoco", "fedprotocl", "moon-unsup", "fedx"),
@@ -287,6 +287,9 @@ class Config:
     cfl_warmup: int
     fedmgda_epsilon: float
     fedmgda_lr: float
+    fedconcat_clusters: int
+    fedconcat_encoder_rounds: int
+    fedconcat_classifier_steps: int
     fedftg_iterations: int
     fedftg_gen_steps: int
     fedftg_student_steps: int
@@ -389,7 +392,8 @@ class Config:
                          "fedade-rounds-per-step", "fedade-batch", "fedade-steps", "fedade-pretrain-epochs",
                          "fedxds-warmup-rounds",  # FedXDS shares in its last warm-up round
                          "ditto-personal-epochs", "fedsoft-tau", "fedftg-gen-steps", "fedftg-student-steps",
-                         "fedftg-z-dim")
+                         "fedftg-z-dim", "fedconcat-clusters", "fedconcat-encoder-rounds",
+                         "fedconcat-classifier-steps")
         for key in ("distill-epochs", "fedcc-ssl-epochs", "fedrep-head-epochs", "finetune-epochs",
                     "fedmr-first-stage", "protocl-warmup-rounds", "cfl-warmup", "fedftg-iterations"):
             if getattr(self, key.replace("-", "_")) < 0:
@@ -565,6 +569,13 @@ class Config:
 
         if self.method == "atlas":
             self.atlas_pool()  # raises where the pool cannot be built
+        if self.method == "fedconcat" and self.fedconcat_encoder_rounds >= self.num_server_rounds:
+            raise ConfigError("fedconcat-encoder-rounds", self.fedconcat_encoder_rounds,
+                              f"must be < num-server-rounds ({self.num_server_rounds}): the rounds after "
+                              "it train the classifier, and the global model needs at least one")
+        if self.fedconcat_clusters > MAX_MODELS:
+            raise ConfigError("fedconcat-clusters", self.fedconcat_clusters, f"must be <= {MAX_MODELS}: "
+                              "every classifier round sends all K models to every client")
 
     def atlas_pool(self) -> list[float]:
         """ATLAS's step sizes: fedade-lr-min·g^k while <= fedade-lr-max, then one more (the

@@ -17,6 +17,7 @@ from flowerbed.clients.fedamp import FedAMPClient
 from flowerbed.clients.fedavg import FedAvgClient, FedAvgFTClient, FedProxClient
 from flowerbed.clients.fedbyol import BYOLClient
 from flowerbed.clients.fedcc import FedCCClient
+from flowerbed.clients.fedconcat import FedConcatClient
 from flowerbed.clients.fedct import FedCTClient
 from flowerbed.clients.feddf import FedDFClient
 from flowerbed.clients.feddyn import FedDynClient
@@ -52,6 +53,7 @@ from flowerbed.strategies.fedade import FedADEStrategy
 from flowerbed.strategies.fedamp import FedAMPStrategy
 from flowerbed.strategies.fedavg import FedAvgFTStrategy, FedAvgStrategy, FedProxStrategy
 from flowerbed.strategies.fedcc import FedCCStrategy
+from flowerbed.strategies.fedconcat import FedConcatStrategy
 from flowerbed.strategies.fedct import FedCTStrategy
 from flowerbed.strategies.feddf import FedDFStrategy
 from flowerbed.strategies.feddyn import FedDynStrategy
@@ -109,6 +111,8 @@ METHODS: dict[str, Method] = {
                "FedVLS (Guo et al., 2024): FedAvg, vacant-class distillation + logit suppression"),
         Method("fedmr", FedMRStrategy, FedAvgClient, make_model,
                "FedMR (Hu et al., 2024): a pool of local models, recombined layer-wise every round"),
+        Method("fedconcat", FedConcatStrategy, FedConcatClient, make_model,
+               "FedConcat (Diao et al., 2024): cluster models by label mix, a classifier on their encoders"),
         Method("fedftg", FedFTGStrategy, FedFTGClient, make_model,
                "FedFTG (Zhang et al., 2022): FedAvg, the global model fine-tuned by data-free distillation"),
         Method("fedsimclr", SSLStrategy, SimCLRClient, make_ssl_model,

@@ -9,6 +9,8 @@ EXTRA = {
     "fedsam": {"partition": "pathological:2"},
     "fedvls": {"partition": "pathological:2"},
     "fedftg": {"fedftg-iterations": 1, "fedftg-student-steps": 1},  # the server's distillation is the cost
+    # FedConcat: the encoder stage in round 1, the classifier after (a resume crosses the stages)
+    "fedconcat": {"fedconcat-encoder-rounds": 1, "fedconcat-clusters": 2, "partition": "pathological:2"},
     "fedcc": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},
     "feddf": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},
     "fedmd": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},

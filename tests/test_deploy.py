@@ -389,28 +389,31 @@ COVERED_BY = {"fedprox": "fedavg", "fedavg-ft": "fedavg", "fedsimclr": "fedbyol"
               "fedlc": "fedavg", "fedrs": "fedavg", "fedsam": "fedavg",
               "fedvls": "fedavg", "fedmr": "fedrep", "fedpoe": "fedade", "fedsoft": "fedfew",
               "ifca": "fedfew", "fedmgda": "fedavg", "cfl": "fedrep",
-              "moon-unsup": "fedbyol", "atlas": "fedade", "fedftg": "fedavg", "fedct": "fedcc"}
-# FedFTG: FedAvg's messages, with a list-valued metric more (its label counts). MOON-unsup: FedBYOL's
-# messages, its previous local model filed as BYOL's target is. FedMGDA: FedAvg's messages, another server
-# step. CFL: a model for each node (its cluster's), as FedRep's, with FedAvg's client. IFCA, FedSoft:
-# FedFew's messages down (the K models as model.0 ...), FedAvg's up (one whole model as "arrays", with a
-# metric more); FedSoft's local model and importance estimate are filed as APFL's model and alpha are; its
-# evaluation message is Local's (no arrays). Ditto, APFL: FedAvg's messages; their personal model is an
-# ArrayRecord in context.state (APFL's alpha a MetricRecord), filed and read back as Local's is. FedDyn:
-# SCAFFOLD's (a state adopted once the server names the round it took). FedAMP, FedMR: a model of its own
-# for each node, as FedRep's (FedMR's client is FedAvg's, stateless). FedNova: FedAvg's, with one more
-# metric. FedLC, FedRS, FedSAM, FedVLS: FedAvg's, another local step. FedSimCLR, FedX (over any base):
-# FedBYOL's messages (the SSL model down and up, the probe on the server), with no client state (FedX's
-# frozen global copy is made from the received model) or, over BYOL/MoCo/ProtoCL, its base's. FedMoCo,
-# FedProtoCL: FedBYOL's; the key encoder is filed as BYOL's target is, with one more record (the queue),
-# which their in-process resume tests bring back (FedProtoCL's prototypes are rebuilt from the key encoder
-# each epoch: no state of their own). FedMD, FedDF, FedCT: FedCC's (a DistillClient each: predictions on the
-# public set up, soft targets down, the client model filed in context.state; no unknown class, and FedMD
-# uploads logits, FedCT hard labels). Fed-POE: Fed-ADE's rounds with every layer shared (the whole model up,
-# and the pre-trained one down to a client without its local model, as Fed-ADE's personal layers go to one
-# without its own), its local model and Hedge weights filed in context.state. ATLAS: Fed-ADE's rounds, the
-# pre-trained model down to a client without its base learners as Fed-POE's, then messages without a model
-# and replies with metrics only (Local's); its bases and Hedge weights filed in context.state
+              "moon-unsup": "fedbyol", "atlas": "fedade", "fedftg": "fedavg", "fedct": "fedcc",
+              "fedconcat": "fedfew"}
+# FedFTG: FedAvg's messages, with a list-valued metric more (its label counts). FedConcat: a model for each
+# node and FedFTG's replies in its encoder stage, then FedFew's messages down (the K models as model.0 ...)
+# and one record up (its classifier), no client state. MOON-unsup: FedBYOL's messages, its previous local
+# model filed as BYOL's target is. FedMGDA: FedAvg's messages, another server step. CFL: a model for each
+# node (its cluster's), as FedRep's, with FedAvg's client. IFCA, FedSoft: FedFew's messages down (the K
+# models as model.0 ...), FedAvg's up (one whole model as "arrays", with a metric more); FedSoft's local
+# model and importance estimate are filed as APFL's model and alpha are; its evaluation message is Local's
+# (no arrays). Ditto, APFL: FedAvg's messages; their personal model is an ArrayRecord in context.state
+# (APFL's alpha a MetricRecord), filed and read back as Local's is. FedDyn: SCAFFOLD's (a state adopted once
+# the server names the round it took). FedAMP, FedMR: a model of its own for each node, as FedRep's (FedMR's
+# client is FedAvg's, stateless). FedNova: FedAvg's, with one more metric. FedLC, FedRS, FedSAM, FedVLS:
+# FedAvg's, another local step. FedSimCLR, FedX (over any base): FedBYOL's messages (the SSL model down and
+# up, the probe on the server), with no client state (FedX's frozen global copy is made from the received
+# model) or, over BYOL/MoCo/ProtoCL, its base's. FedMoCo, FedProtoCL: FedBYOL's; the key encoder is filed as
+# BYOL's target is, with one more record (the queue), which their in-process resume tests bring back
+# (FedProtoCL's prototypes are rebuilt from the key encoder each epoch: no state of their own). FedMD,
+# FedDF, FedCT: FedCC's (a DistillClient each: predictions on the public set up, soft targets down, the
+# client model filed in context.state; no unknown class, and FedMD uploads logits, FedCT hard labels).
+# Fed-POE: Fed-ADE's rounds with every layer shared (the whole model up, and the pre-trained one down to a
+# client without its local model, as Fed-ADE's personal layers go to one without its own), its local model
+# and Hedge weights filed in context.state. ATLAS: Fed-ADE's rounds, the pre-trained model down to a client
+# without its base learners as Fed-POE's, then messages without a model and replies with metrics only
+# (Local's); its bases and Hedge weights filed in context.state
 DEPLOYED = [m for m in METHODS if m not in COVERED_BY]
 
 

@@ -15,6 +15,8 @@ COUNTS = "label-counts"
 
 
 class FedFTGClient(Client):
+    """FedAvg's local update, and the label counts (FedConcat's client in its first stage too)."""
+
     def fit(self, model: nn.Module, msg: Message, rnd: int, **hooks):
         loss, extra = super().fit(model, msg, rnd, **hooks)
         counts = torch.bincount(self.train_data.y, minlength=NUM_CLASSES[self.cfg.dataset])

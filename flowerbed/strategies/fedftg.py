@@ -93,6 +93,18 @@ def class_weights(counts: np.ndarray) -> np.ndarray:
     return np.divide(counts, total, out=np.zeros_like(counts, dtype=np.float64), where=total > 0)
 
 
+def counts_problem(content: RecordDict, num_classes: int) -> str | None:
+    """Why a training reply's ``label-counts`` are unusable (None: they are the client's count of
+    each class, summing to ``num-examples``); FedFTG's and FedConcat's servers read them."""
+    mr = metric_record(content)
+    counts, n = mr.get(COUNTS), mr["num-examples"]
+    if (not isinstance(counts, list) or len(counts) != num_classes
+            or not all(isinstance(v, int) and v >= 0 for v in counts) or sum(counts) != n):
+        return (f"metric '{COUNTS}' must be {num_classes} counts >= 0 (one per class) summing to "
+                f"num-examples = {n:g}, got {counts!r}")
+    return None
+
+
 class FedFTGStrategy(FlowerbedFedAvg):
     checkpoint_attrs = ("generator",)
 
@@ -101,14 +113,7 @@ class FedFTGStrategy(FlowerbedFedAvg):
         self.generator: ArrayRecord | None = None  # made at the first fine-tuning, seeded
 
     def check_arrays(self, content: RecordDict) -> str | None:
-        """``label-counts``: the client's count of each class, summing to ``num-examples``."""
-        mr = metric_record(content)
-        counts, n, c = mr.get(COUNTS), mr[self.weighted_by_key], NUM_CLASSES[self.cfg.dataset]
-        if (not isinstance(counts, list) or len(counts) != c
-                or not all(isinstance(v, int) and v >= 0 for v in counts) or sum(counts) != n):
-            return (f"metric '{COUNTS}' must be {c} counts >= 0 (one per class) summing to "
-                    f"{self.weighted_by_key} = {n:g}, got {counts!r}")
-        return super().check_arrays(content)
+        return counts_problem(content, NUM_CLASSES[self.cfg.dataset]) or super().check_arrays(content)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
