@@ -17,13 +17,18 @@ from tests.conftest import sent
 from tests.test_fedcc import SMALL
 
 
-def test_the_consensus_is_the_majority_vote_one_hot_and_a_tie_goes_to_the_lowest_class():
+def test_the_consensus_is_the_majority_vote_one_hot_and_a_tie_is_drawn_among_the_tied_classes():
     votes = np.eye(3, dtype=np.float32)[np.array([[0, 1], [2, 1], [2, 0]])]  # 3 clients, 2 samples
-    s = FedCTStrategy.__new__(FedCTStrategy)
+    s = FedCTStrategy(Config.from_run_config({"method": "fedct", "public-fraction": 0.1}))
     assert s.combine(votes).tolist() == [[0, 0, 1], [0, 1, 0]]
-    tie = np.eye(3, dtype=np.float32)[np.array([[2], [1]])]
-    assert s.combine(tie).tolist() == [[0, 1, 0]]
-    assert s.ensemble_probs(votes)[0].tolist() == pytest.approx([1 / 3, 0, 2 / 3])
+    assert s.ensemble_probs(votes)[0] == pytest.approx([1 / 3, 0, 2 / 3], abs=1e-5)
+    # every client a different class on 600 samples (one class per client): ties everywhere, drawn
+    # among the tied classes (always the lowest class made the whole public set class 0)
+    tie = np.eye(3, dtype=np.float32)[np.array([[2] * 600, [1] * 600])]
+    drawn = s.combine(tie).argmax(1)
+    assert set(drawn) == {1, 2} and 200 < (drawn == 1).sum() < 400
+    assert (s.combine(tie) == s.combine(tie)).all()  # seeded by the round: the same after a resume
+    assert set(s.ensemble_probs(tie).argmax(1)) == {1, 2}
     assert one_hot_argmax(torch.tensor([[0.2, 0.5, 0.5], [3.0, -1, 0]])).tolist() == [[0, 1, 0], [1, 0, 0]]
 
 
