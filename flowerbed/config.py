@@ -130,6 +130,7 @@ KEY_READERS: dict[str, tuple[str, ...]] = {
     "byol": ("fedbyol", "fedu", "fedx"), "moco": ("fedmoco", "fedprotocl", "fedx"), "fedu": ("fedu", "fedx"),
     "protocl": ("fedprotocl", "fedx"), "moon": ("moon-unsup",),
     "distill": DISTILL_METHODS, "hetero": DISTILL_METHODS,
+    "distill-epochs": ("fedcc", "feddf", "fedmd"),  # FedCT has no distillation stage (only distill-lr)
     "proximal-mu": ("fedprox", "fedx"),  # FedX: with fedx-global='prox' only
     "finetune": ("fedavg-ft",), "num-models": ("fedfew", "ifca", "fedsoft"),
     "fedade": STREAM_METHODS,  # Fed-POE and ATLAS read the streams', the risk's and the steps'; not:
@@ -573,7 +574,7 @@ class Config:
             raise ConfigError("fedconcat-encoder-rounds", self.fedconcat_encoder_rounds,
                               f"must be < num-server-rounds ({self.num_server_rounds}): the rounds after "
                               "it train the classifier, and the global model needs at least one")
-        if self.fedconcat_clusters > MAX_MODELS:
+        if self.method == "fedconcat" and self.fedconcat_clusters > MAX_MODELS:
             raise ConfigError("fedconcat-clusters", self.fedconcat_clusters, f"must be <= {MAX_MODELS}: "
                               "every classifier round sends all K models to every client")
 

@@ -55,3 +55,16 @@ def test_soft_labels_are_refused_and_the_client_shares_hard_ones_then_trains_on_
     assert len(data) == n + 120 and torch.equal(data.x[n:], client.public.x)
     assert data.y[n:].tolist() == (np.arange(120) % 10).tolist()
     assert torch.equal(data.y[:n], client.train_data.y)
+
+
+def test_a_diverged_model_casts_no_votes():
+    """From a review: the one-hot argmax of NaN logits is class 0, a valid-looking vote."""
+    cfg = Config.from_run_config({**SMALL, "method": "fedct"})
+    ctx = Context(run_id=1, node_id=3, node_config={"partition-id": 1, "num-partitions": 10},
+                  state=RecordDict(), run_config=cfg.to_run_config())
+    client = METHODS["fedct"].client(cfg, ctx)
+    model = client.new_model()
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    with pytest.raises(FloatingPointError, match="not finite"):
+        client.outputs(model, client.public)

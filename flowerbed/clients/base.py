@@ -107,10 +107,15 @@ class Client:
                              "num-partitions": self.num_partitions,
                              "num-train": len(self.train_data), "num-test": len(self.test_data),
                              "device": str(self.device), "data-dir": self.data_dir,
-                             "exported-with": json.dumps({k: meta[k] for k in EXPORT_KEYS if k in meta})})
+                             "exported-with": json.dumps({k: meta[k] for k in EXPORT_KEYS if k in meta}),
+                             **self.whoami_extra()})
         log.info("client partition %d/%d on %s: %s", self.partition_id, self.num_partitions,
                  self.device, self.data_line())
         return Message(content=RecordDict({"info": info}), reply_to=msg)
+
+    def whoami_extra(self) -> dict[str, Any]:
+        """What the method's server needs to know before round 1 (FedConcat: the label counts)."""
+        return {}
 
     def train(self, msg: Message) -> Message:
         model = self.model_from(msg.content["arrays"])

@@ -1,13 +1,13 @@
 """FedConcat (Diao, Li & He, AAAI 2024), client half: a cluster's model, then a classifier over the
 concatenated encoders.
 
-One of the FedCC paper's parameter-based baselines. In the encoder stage a client trains the model
-of its cluster as FedAvg's client does and reports its label counts (FedFTG's client,
-:class:`FedFTGClient`). In the classifier stage the message carries the K cluster models
-(``model.0`` ...) and the classifier; the client trains the classifier alone on the K encoders'
-concatenated features (each model's penultimate layer, ``features``; the encoders frozen, in eval
-mode) for ``fedconcat-classifier-steps`` mini-batches of a seeded shuffle of its training split
-(the official code: 3), with the run's SGD, and replies with the classifier only.
+One of the FedCC paper's parameter-based baselines. A client tells the server its label counts in
+its whoami reply, before round 1 (the server clusters the clients by them). In the encoder stage it
+trains the model of its cluster as FedAvg's client does. In the classifier stage the message carries
+the K cluster models (``model.0`` ...) and the classifier; the client trains the classifier alone on
+the K encoders' concatenated features (each model's penultimate layer, ``features``; the encoders
+frozen, in eval mode) for ``fedconcat-classifier-steps`` mini-batches of a seeded shuffle of its
+training split (the official code: 3), with the run's SGD, and replies with the classifier only.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch import nn
 
 from flowerbed.clients.base import Client
 from flowerbed.clients.fedfew import MultiModelClient
-from flowerbed.clients.fedftg import FedFTGClient
+from flowerbed.clients.fedftg import COUNTS
 from flowerbed.training import seeded_generator, to_record, train_epochs
 
 CLASSIFIER = "classifier"
@@ -46,7 +46,10 @@ def classifier_for(encoders: list[nn.Module], num_classes: int) -> nn.Linear:
     return nn.Linear(sum(e.feature_dim for e in encoders), num_classes)
 
 
-class FedConcatClient(FedFTGClient, MultiModelClient):
+class FedConcatClient(MultiModelClient):
+    def whoami_extra(self) -> dict[str, list[int]]:
+        return {COUNTS: [int(v) for v in self.class_counts()]}
+
     def concat_model(self, msg: Message) -> ConcatModel:
         encoders = self.models_from(msg)
         clf = classifier_for(encoders, self.train_data.num_classes)
@@ -55,7 +58,7 @@ class FedConcatClient(FedFTGClient, MultiModelClient):
 
     def train(self, msg: Message) -> Message:
         if CLASSIFIER not in msg.content.array_records:
-            return super().train(msg)  # the encoder stage: FedAvg's update and the label counts
+            return super().train(msg)  # the encoder stage: FedAvg's update of its cluster's model
         cfg, rnd = self.cfg, self.round_of(msg)
         model = self.concat_model(msg)
         gen = seeded_generator(cfg.seed, self.partition_id, rnd)

@@ -28,7 +28,11 @@ def one_hot_argmax(scores: torch.Tensor) -> torch.Tensor:
 
 class FedCTClient(DistillClient):
     def outputs(self, model: nn.Module, data: DataSet) -> torch.Tensor:
-        return one_hot_argmax(predict(model, data, self.device, probabilities=False))
+        logits = predict(model, data, self.device, probabilities=False)
+        if not torch.isfinite(logits).all():  # (a one-hot argmax of NaN would pass as a vote)
+            raise FloatingPointError(f"partition {self.partition_id}: the model's outputs are not "
+                                     "finite (it diverged); it casts no votes")
+        return one_hot_argmax(logits)
 
     def local_update(self, model: nn.Module, targets: torch.Tensor | None, gen: torch.Generator
                      ) -> dict[str, float]:

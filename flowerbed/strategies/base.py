@@ -280,10 +280,14 @@ class FlowerbedFedAvg(FedAvg):
             self.node_of[pid] = reply.metadata.src_node_id
             self.partition_of[reply.metadata.src_node_id] = pid
             self.num_test[pid] = num_test
+            self.on_whoami(pid, info)
             if folder:
                 self.data_folders[pid] = (folder, exported)
             else:
                 self.data_folders.pop(pid, None)
+
+    def on_whoami(self, pid: int, info: ConfigRecord) -> None:
+        """A node's accepted whoami reply for partition ``pid`` (FedConcat reads its label counts)."""
 
     def sample(self, grid: Grid, server_round: int, fraction: float, stream: int) -> list[int]:
         """Node ids of the sampled partitions, in partition order (deterministic per seed)."""

@@ -4,7 +4,8 @@ classifier over their concatenated encoders.
 One of the FedCC paper's parameter-based baselines. As the official code (sjtudyq/FedConcat):
 
 1. the clients are clustered into K = ``fedconcat-clusters`` groups by k-means on their label
-   distributions (class shares, from the label counts each reports: :mod:`flowerbed.clients.fedconcat`);
+   distributions (class shares, from the label counts each reports in its whoami reply, before
+   round 1: :mod:`flowerbed.clients.fedconcat`);
 2. encoder stage, rounds 1 … E = ``fedconcat-encoder-rounds``: each cluster trains its own model
    (all K from the same initial model) by FedAvg among its members;
 3. classifier stage, the rounds after: the K models' encoders (their penultimate layers),
@@ -13,15 +14,12 @@ One of the FedCC paper's parameter-based baselines. As the official code (sjtudy
 4. the global model is the K encoders and that classifier, scored on the test set from the first
    classifier round (the encoder stage has no global model: its rounds report no accuracy).
 
-Where we depart: the clients report their label counts with their first training reply, so the
-clustering runs after round 1, in which every client trained the initial model (the same start
-as every cluster's, so each cluster's model is the mean of its members' round-1 uploads, as if it
-had been clustered before); k-means is scipy's (``kmeans2``, k-means++ seeding, the best of 10
-seeded starts; the code: scikit-learn's), with K capped at the round's clients; a client first
-seen later joins the cluster of the nearest centroid, and its upload from that round, trained
-from cluster 0's model, is left out. The code's Laplace noise on the distributions (its ``eps``,
-0 by default) and its constrained k-means for CIFAR-100 are not implemented. The classifier
-stage sends all K models with every message (no client keeps them).
+Where we depart: k-means is scipy's (``kmeans2``, k-means++ seeding, the best of 10 seeded starts;
+the code: scikit-learn's), K capped at the number of distinct label distributions, and a cluster
+k-means leaves empty is dropped (it would concatenate an untrained encoder); a client first seen
+after round 1 joins the cluster of the nearest centroid. The code's Laplace noise on the
+distributions (its ``eps``, 0 by default) and its constrained k-means for CIFAR-100 are not
+implemented. The classifier stage sends all K models with every message (no client keeps them).
 """
 
 from __future__ import annotations
@@ -38,28 +36,32 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from flowerbed.clients.fedconcat import CLASSIFIER, ConcatModel, classifier_for
 from flowerbed.clients.fedftg import COUNTS
 from flowerbed.datasets.loading import NUM_CLASSES, DataSet
-from flowerbed.strategies.base import FlowerbedFedAvg, cast_like, metric_record, with_record
-from flowerbed.strategies.fedftg import counts_problem
+from flowerbed.strategies.base import FlowerbedFedAvg, cast_like, with_record
 from flowerbed.training import evaluate, load_record, to_record
 
 log = logging.getLogger("flowerbed")
 
 
 def kmeans(points: np.ndarray, k: int, seed: int, starts: int = 10) -> tuple[np.ndarray, np.ndarray]:
-    """(centroids [k, d], labels [n]): the lowest-inertia of ``starts`` seeded k-means++ runs."""
+    """(centroids [k', d], labels [n]): the lowest-inertia of ``starts`` seeded k-means++ runs,
+    k capped at the number of distinct points and the clusters left empty dropped (k' <= k;
+    labels renumbered 0 … k'−1)."""
     from scipy.cluster.vq import kmeans2  # here: every ClientApp imports this module
 
+    k = min(k, len(np.unique(points, axis=0)))
     best = None
     for s in range(starts):
         cent, lab = kmeans2(points, k, minit="++", seed=np.random.default_rng([seed, s]))
         inertia = float(((points - cent[lab]) ** 2).sum())
         if best is None or inertia < best[0]:
             best = (inertia, cent, lab)
-    return best[1], best[2]
+    _, cent, lab = best
+    used = np.unique(lab)
+    return cent[used], np.searchsorted(used, lab)
 
 
 class FedConcatStrategy(FlowerbedFedAvg):
-    checkpoint_attrs = ("cluster_of", "centroids", "cluster_models", "classifier")
+    checkpoint_attrs = ("cluster_of", "centroids", "cluster_models", "classifier")  # (shares: whoami)
     server_model = False  # K models and a classifier (model.pt would hold none of them whole)
 
     def __init__(self, cfg) -> None:
@@ -68,7 +70,7 @@ class FedConcatStrategy(FlowerbedFedAvg):
         self.centroids: np.ndarray | None = None  # [K, C] label distributions
         self.cluster_models: dict[str, ArrayRecord] = {}  # cluster (str) -> its model
         self.classifier: ArrayRecord | None = None  # from the first classifier round
-        self._trained_from: dict[int, int | None] = {}  # partition -> the cluster model it got
+        self.shares: dict[int, np.ndarray] = {}  # partition -> its label distribution (whoami)
         self._stage2 = False  # this round is a classifier round
 
     def classifier_stage(self, server_round: int) -> bool:
@@ -78,8 +80,37 @@ class FedConcatStrategy(FlowerbedFedAvg):
     def check_setup(self, num_partitions: int) -> None:
         if self.cfg.fedconcat_clusters > num_partitions:
             log.warning("fedconcat-clusters=%d is more than the %d clients: k-means gets at most one "
-                        "cluster per client that replies in round 1", self.cfg.fedconcat_clusters,
+                        "cluster per distinct label distribution", self.cfg.fedconcat_clusters,
                         num_partitions)
+
+    def on_whoami(self, pid: int, info: ConfigRecord) -> None:
+        """Keep the partition's label distribution; a partition first seen after the clustering
+        joins the cluster of the nearest centroid."""
+        counts = info.get(COUNTS)
+        c = NUM_CLASSES[self.cfg.dataset]
+        if (not isinstance(counts, list) or len(counts) != c or sum(counts) <= 0
+                or not all(isinstance(v, int) and v >= 0 for v in counts)):
+            log.warning("partition %d: its whoami reply has no valid '%s' (%d counts >= 0, one per "
+                        "class, got %r): it is put in cluster 0", pid, COUNTS, c, counts)
+            return
+        self.shares[pid] = np.asarray(counts, np.float64) / sum(counts)
+        if self.centroids is not None and str(pid) not in self.cluster_of:
+            cluster = int(((self.centroids - self.shares[pid]) ** 2).sum(1).argmin())
+            self.cluster_of[str(pid)] = cluster
+            log.info("partition %d joins cluster %d (the nearest label distribution)", pid, cluster)
+
+    def cluster(self, initial: ArrayRecord) -> None:
+        """k-means on the label distributions of every partition known so far; each cluster's
+        model starts as the initial model."""
+        pids = sorted(self.shares)
+        if not pids:
+            raise RuntimeError("no client reported its label counts (whoami): FedConcat cannot cluster")
+        self.centroids, labels = kmeans(np.stack([self.shares[p] for p in pids]),
+                                        self.cfg.fedconcat_clusters, self.cfg.seed)
+        self.cluster_of = {str(p): int(c) for p, c in zip(pids, labels, strict=True)}
+        self.cluster_models = {str(c): initial for c in range(len(self.centroids))}
+        log.info("%d clusters by label distribution: %s", len(self.centroids),
+                 {c: [p for p in pids if self.cluster_of[str(p)] == c] for c in range(len(self.centroids))})
 
     # -------------------------------------------------------------- messages
     def stage_content(self) -> RecordDict:
@@ -100,16 +131,15 @@ class FedConcatStrategy(FlowerbedFedAvg):
         return self.stage_content() if self.classifier is not None else super().eval_content(arrays)
 
     def content_for(self, node: int, content: RecordDict) -> RecordDict:
-        if CLASSIFIER in content.array_records or not self.cluster_models:
-            return content  # the classifier stage, or round 1 (every client: the initial model)
+        if CLASSIFIER in content.array_records or self.arrayrecord_key not in content.array_records:
+            return content  # the classifier stage
         cluster = self.cluster_of.get(str(self.partition_of.get(node)), 0)
         return with_record(content, self.arrayrecord_key, self.cluster_models[str(cluster)])
 
     def configure_train(self, server_round, arrays, config, grid):
+        if self.centroids is None and not self.classifier_stage(server_round):
+            self.cluster(arrays)  # before the first round: every node has answered whoami
         msgs = super().configure_train(server_round, arrays, config, grid)
-        self._trained_from = {self.partition_of[m.metadata.dst_node_id]: (
-            self.cluster_of.get(str(self.partition_of[m.metadata.dst_node_id]), 0)
-            if self.cluster_models else None) for m in msgs}  # None: the initial model
         self._stage2 = self.classifier_stage(server_round)
         return msgs
 
@@ -119,7 +149,7 @@ class FedConcatStrategy(FlowerbedFedAvg):
                 return (f"expected the ArrayRecord '{CLASSIFIER}' alone in the classifier stage, "
                         f"got {sorted(content.array_records)}")
             return self.check_record(CLASSIFIER, content[CLASSIFIER], self.classifier)
-        return counts_problem(content, NUM_CLASSES[self.cfg.dataset]) or super().check_arrays(content)
+        return super().check_arrays(content)
 
     # -------------------------------------------------------------- aggregation
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
@@ -134,32 +164,15 @@ class FedConcatStrategy(FlowerbedFedAvg):
             self.classifier = cast_like(mean, self.classifier)
             return self.classifier, self.client_metrics(valid)
         pids = list(self.round.ok)  # partition order, as the valid replies
-        shares = np.array([metric_record(r.content)[COUNTS] for r in valid], np.float64)
-        shares /= shares.sum(1, keepdims=True)
-        if self.centroids is None:
-            k = min(self.cfg.fedconcat_clusters, len(valid))
-            self.centroids, labels = kmeans(shares, k, self.cfg.seed)
-            self.cluster_of = {str(p): int(c) for p, c in zip(pids, labels, strict=True)}
-            log.info("round %d: %d clusters by label distribution: %s", server_round, k,
-                     {c: [p for p in pids if self.cluster_of[str(p)] == c] for c in range(k)})
-        for pid, share in zip(pids, shares, strict=True):
-            if str(pid) not in self.cluster_of:
-                c = int(((self.centroids - share) ** 2).sum(1).argmin())
-                self.cluster_of[str(pid)] = c
-                log.info("round %d: partition %d joins cluster %d (the nearest label distribution)",
-                         server_round, pid, c)
         extra = {}
-        for c in range(len(self.centroids)):
-            members = [r for p, r in zip(pids, valid, strict=True) if self.cluster_of[str(p)] == c
-                       and self._trained_from.get(p) in (None, c)]  # trained this cluster's model
+        for c in range(len(self.cluster_models)):
+            members = [r for p, r in zip(pids, valid, strict=True) if self.cluster_of.get(str(p), 0) == c]
             extra[f"cluster-{c}-clients"] = len(members)
             if members:
                 self.cluster_models[str(c)] = cast_like(aggregate_arrayrecords(
                     [r.content for r in members], self.weighted_by_key), self._reference)
-            elif str(c) not in self.cluster_models:
-                self.cluster_models[str(c)] = self._reference  # (round 1: every model starts here)
         mean = aggregate_arrayrecords([r.content for r in valid], self.weighted_by_key)
-        return cast_like(mean, self._reference), self.client_metrics(valid, extra, drop=(COUNTS,))
+        return cast_like(mean, self._reference), self.client_metrics(valid, extra)
 
     # -------------------------------------------------------------- the global model
     def concat_model(self) -> ConcatModel:
