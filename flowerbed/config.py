@@ -291,6 +291,7 @@ class Config:
     fedconcat_clusters: int
     fedconcat_encoder_rounds: int
     fedconcat_classifier_steps: int
+    fedconcat_classifier_lr: float
     fedftg_iterations: int
     fedftg_gen_steps: int
     fedftg_student_steps: int
@@ -557,7 +558,7 @@ class Config:
         for key in ("weight-decay", "proximal-mu", "ditto-lambda", "apfl-alpha-lr", "fedcc-lambda",
                     "fedxds-lambda", "fedxds-sigma", "fedxds-epsilon", "fedade-fixed-lr", "fedade-lr-min",
                     "fedade-lr-max", "fedlc-tau", "fedvls-lambda", "fedsoft-lambda",
-                    "moon-mu", "fedftg-lambda-md", "fedftg-lambda-div"):
+                    "moon-mu", "fedftg-lambda-md", "fedftg-lambda-div", "fedconcat-classifier-lr"):
             v = getattr(self, key.replace("-", "_"))
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number >= 0")

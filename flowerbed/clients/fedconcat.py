@@ -7,7 +7,8 @@ trains the model of its cluster as FedAvg's client does. In the classifier stage
 the K cluster models (``model.0`` ...) and the classifier; the client trains the classifier alone on
 the K encoders' concatenated features (each model's penultimate layer, ``features``; the encoders
 frozen, in eval mode) for ``fedconcat-classifier-steps`` mini-batches of a seeded shuffle of its
-training split (the official code: 3), with the run's SGD, and replies with the classifier only.
+training split (the official code: 3), with the run's SGD (at ``fedconcat-classifier-lr`` if set),
+and replies with the classifier only.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ class FedConcatClient(MultiModelClient):
         gen = seeded_generator(cfg.seed, self.partition_id, rnd)
         order = torch.randperm(len(self.train_data), generator=gen)
         steps = self.train_data.subset(order[: cfg.fedconcat_classifier_steps * cfg.batch_size])
-        loss, _ = train_epochs(model, steps, epochs=1, batch_size=cfg.batch_size, lr=cfg.lr,
+        lr = cfg.fedconcat_classifier_lr or cfg.lr
+        loss, _ = train_epochs(model, steps, epochs=1, batch_size=cfg.batch_size, lr=lr,
                                momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=self.device,
                                generator=gen)
         return self.reply(msg, {"num-examples": len(self.train_data), "train-loss": loss},
