@@ -49,9 +49,9 @@ PAPER_FEDCC = "fedcc@fedcc-ssl-epochs=20@fedcc-probe-input='black'"
 #: (3 mini-batches of a linear layer a round; the official code runs 1000 such rounds) 20 more,
 #: scored every 5 rounds (each classifier round sends the 5 cluster models to every client)
 FEDCONCAT = "fedconcat@fedconcat-encoder-rounds=5@num-server-rounds=25@eval-every=5"
-#: ... and with the classifier's rate within SGD's stability bound for the concatenated features
-#: (the 5 CNN encoders' 2560 ReLU features have a mean squared norm near 3700, which puts the
-#: bound for momentum 0.9 near 2e-3; at lr 0.01, the code's rate, the classifier diverged)
+#: ... and with a classifier rate 10x lower: at lr 0.01, the code's rate, the classifier diverged
+#: on pathological:1 in a first run (its concatenated features turned out to have a mean squared
+#: norm near 6e5 there, which puts SGD's stability bound near 1e-5: 0.001 diverged too)
 FEDCONCAT_STABLE = FEDCONCAT + "@fedconcat-classifier-lr=0.001"
 METHODS = ["fedcc", PAPER_FEDCC, "feddf", "feddf@distill-epochs=5", "fedmd", "fedct", "fedavg", "fednova",
            "fedlc", "fedrs", "fedsam", "fedvls", "fedmr", FEDCONCAT, FEDCONCAT_STABLE]
