@@ -1,10 +1,10 @@
 """FedCC vs distillation and parameter-based baselines under label skew, Fashion-MNIST (ensemble accuracy).
 
-Baselines: FedDF, FedMD, FedCT (distillation); FedAvg, FedNova, FedLC, FedRS, FedSAM, FedVLS, FedMR,
-FedConcat (parameter-based; its rows add 20 rounds of its classifier stage, see FEDCONCAT).
+Baselines: FedDF, FedMD, FedCT (distillation); FedAvg, FedProx, FedNova, FedLC, FedRS, FedSAM, FedVLS,
+FedMR, FedConcat (parameter-based; its rows add 20 rounds of its classifier stage, see FEDCONCAT).
 Same public set (a seeded 10 % of the training set, unlabelled), partitions and seeds for every
 method; 10 clients; the distillation methods use two CNN widths (half the clients each), the
-parameter-based methods (FedAvg, FedNova, FedLC, FedRS, FedSAM, FedVLS, FedMR) the full-width CNN.
+parameter-based methods (FedAvg, FedProx, FedNova, FedLC, FedRS, FedSAM, FedVLS, FedMR) the full-width CNN.
 Targets (issue #4): with pathological:1, FedCC >= 50 %, >= FedDF + 20 pp and >= FedAvg + 20 pp;
 with dirichlet:0.05 and pathological:2, FedCC >= FedDF; FedCC's upload per client per round
 <= 1/10 of FedAvg's.
@@ -53,8 +53,8 @@ FEDCONCAT = "fedconcat@fedconcat-encoder-rounds=5@num-server-rounds=25@eval-ever
 #: on pathological:1 in a first run (its concatenated features turned out to have a mean squared
 #: norm near 6e5 there, which puts SGD's stability bound near 1e-5: 0.001 diverged too)
 FEDCONCAT_STABLE = FEDCONCAT + "@fedconcat-classifier-lr=0.001"
-METHODS = ["fedcc", PAPER_FEDCC, "feddf", "feddf@distill-epochs=5", "fedmd", "fedct", "fedavg", "fednova",
-           "fedlc", "fedrs", "fedsam", "fedvls", "fedmr", FEDCONCAT, FEDCONCAT_STABLE]
+METHODS = ["fedcc", PAPER_FEDCC, "feddf", "feddf@distill-epochs=5", "fedmd", "fedct", "fedavg", "fedprox",
+           "fednova", "fedlc", "fedrs", "fedsam", "fedvls", "fedmr", FEDCONCAT, FEDCONCAT_STABLE]
 SPLITS = ["pathological:1", "dirichlet:0.05", "pathological:2"]
 
 

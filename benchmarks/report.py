@@ -54,8 +54,8 @@ def render() -> str:
                    f"{d.get('note', '')}")
     for name, title in (("foundation-dirichlet0.5", "FedAvg / FedProx / SCAFFOLD / FedDyn / FedNova"),
                         ("fedx", "FedX vs its bases (linear probe)"),
-                        ("fedcc", "FedCC vs FedDF, FedMD, FedCT, FedAvg, FedNova, FedLC, FedRS, FedSAM, "
-                                  "FedVLS, FedMR, FedConcat (ensemble accuracy)"),
+                        ("fedcc", "FedCC vs FedDF, FedMD, FedCT, FedAvg, FedProx, FedNova, FedLC, FedRS, "
+                                  "FedSAM, FedVLS, FedMR, FedConcat (ensemble accuracy)"),
                         ("fedfew", "FedFew vs IFCA, FedSoft, CFL, FedAvg, FedProx, FedMGDA+, FedRep, Ditto, "
                                    "APFL, FedAMP, Local (personalised)"),
                         ("fedxds", "FedXDS vs FedAvg, FedProx, SCAFFOLD, FedDyn, FedFTG, unmasked sharing"),
