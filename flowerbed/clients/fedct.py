@@ -38,6 +38,6 @@ class FedCTClient(DistillClient):
                      ) -> dict[str, float]:
         data = self.train_data
         if targets is not None:  # the public set, labelled by the consensus, beside the private data
-            pseudo = dataclasses.replace(self.public, y=targets.argmax(1))
-            data = dataclasses.replace(data, x=torch.cat([data.x, pseudo.x]), y=torch.cat([data.y, pseudo.y]))
+            data = dataclasses.replace(data, x=torch.cat([data.x, self.public.x]),
+                                       y=torch.cat([data.y, targets.argmax(1)]))
         return {"train-loss": self.fit_private(model, gen, self.cfg.local_epochs, data)}

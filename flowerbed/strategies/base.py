@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import re
@@ -376,6 +377,11 @@ class FlowerbedFedAvg(FedAvg):
                                                    "m": metric_record(r.content)}) for r in valid],
                                       self.weighted_by_key)
         return valid, dict(mean.items()), self.parameter_names(self._reference)
+
+    def network_with(self, arrays: ArrayRecord) -> torch.nn.Module:
+        """A copy of the global model's network loaded with ``arrays`` (``self.model`` untouched):
+        the server's own models (FedFTG's teachers and student, FedConcat's encoders)."""
+        return load_record(copy.deepcopy(self.model), arrays)
 
     def parameter_names(self, arrays: ArrayRecord) -> list[str]:
         """The model's trainable parameters' names: a server step moves them, while buffers

@@ -24,7 +24,6 @@ implemented. The classifier stage sends all K models with every message (no clie
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Iterable
 
@@ -37,6 +36,7 @@ from flowerbed.clients.fedconcat import CLASSIFIER, ConcatModel, classifier_for
 from flowerbed.clients.fedftg import COUNTS
 from flowerbed.datasets.loading import NUM_CLASSES, DataSet
 from flowerbed.strategies.base import FlowerbedFedAvg, cast_like, with_record
+from flowerbed.strategies.fedftg import counts_problem
 from flowerbed.training import evaluate, load_record, to_record
 
 log = logging.getLogger("flowerbed")
@@ -87,11 +87,8 @@ class FedConcatStrategy(FlowerbedFedAvg):
         """Keep the partition's label distribution; a partition first seen after the clustering
         joins the cluster of the nearest centroid."""
         counts = info.get(COUNTS)
-        c = NUM_CLASSES[self.cfg.dataset]
-        if (not isinstance(counts, list) or len(counts) != c or sum(counts) <= 0
-                or not all(isinstance(v, int) and v >= 0 for v in counts)):
-            log.warning("partition %d: its whoami reply has no valid '%s' (%d counts >= 0, one per "
-                        "class, got %r): it is put in cluster 0", pid, COUNTS, c, counts)
+        if problem := counts_problem(counts, NUM_CLASSES[self.cfg.dataset]):
+            log.warning("partition %d: its whoami reply's %s: it is put in cluster 0", pid, problem)
             return
         self.shares[pid] = np.asarray(counts, np.float64) / sum(counts)
         if self.centroids is not None and str(pid) not in self.cluster_of:
@@ -176,8 +173,7 @@ class FedConcatStrategy(FlowerbedFedAvg):
 
     # -------------------------------------------------------------- the global model
     def concat_model(self) -> ConcatModel:
-        encoders = [load_record(self._network(), self.cluster_models[str(k)])
-                    for k in range(len(self.cluster_models))]
+        encoders = [self.network_with(self.cluster_models[str(k)]) for k in range(len(self.cluster_models))]
         clf = classifier_for(encoders, NUM_CLASSES[self.cfg.dataset])
         load_record(clf, self.classifier)
         return ConcatModel(encoders, clf)
@@ -189,9 +185,6 @@ class FedConcatStrategy(FlowerbedFedAvg):
         if self.classifier is None or not self.classifier_stage(server_round):
             return None  # the encoder stage: K cluster models, no global model yet
         return evaluate(self.concat_model(), test, device)
-
-    def _network(self) -> torch.nn.Module:
-        return copy.deepcopy(self.model)
 
     def _new_classifier(self) -> ArrayRecord:
         with torch.random.fork_rng(devices=[]):

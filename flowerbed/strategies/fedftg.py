@@ -25,7 +25,6 @@ standardised, as the models' inputs are.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable
 
 import numpy as np
@@ -93,15 +92,15 @@ def class_weights(counts: np.ndarray) -> np.ndarray:
     return np.divide(counts, total, out=np.zeros_like(counts, dtype=np.float64), where=total > 0)
 
 
-def counts_problem(content: RecordDict, num_classes: int) -> str | None:
-    """Why a training reply's ``label-counts`` are unusable (None: they are the client's count of
-    each class, summing to ``num-examples``); FedFTG's and FedConcat's servers read them."""
-    mr = metric_record(content)
-    counts, n = mr.get(COUNTS), mr["num-examples"]
+def counts_problem(counts: object, num_classes: int, total: float | None = None) -> str | None:
+    """Why ``label-counts`` are unusable (None: one count >= 0 per class, summing to ``total``,
+    or to more than 0 where no total is known): FedFTG's training replies carry them, FedConcat's
+    whoami replies."""
     if (not isinstance(counts, list) or len(counts) != num_classes
-            or not all(isinstance(v, int) and v >= 0 for v in counts) or sum(counts) != n):
-        return (f"metric '{COUNTS}' must be {num_classes} counts >= 0 (one per class) summing to "
-                f"num-examples = {n:g}, got {counts!r}")
+            or not all(isinstance(v, int) and v >= 0 for v in counts)
+            or (sum(counts) != total if total is not None else sum(counts) <= 0)):
+        want = f"summing to num-examples = {total:g}" if total is not None else "not all 0"
+        return f"'{COUNTS}' must be {num_classes} counts >= 0 (one per class), {want}; got {counts!r}"
     return None
 
 
@@ -113,7 +112,9 @@ class FedFTGStrategy(FlowerbedFedAvg):
         self.generator: ArrayRecord | None = None  # made at the first fine-tuning, seeded
 
     def check_arrays(self, content: RecordDict) -> str | None:
-        return counts_problem(content, NUM_CLASSES[self.cfg.dataset]) or super().check_arrays(content)
+        mr = metric_record(content)
+        problem = counts_problem(mr.get(COUNTS), NUM_CLASSES[self.cfg.dataset], mr[self.weighted_by_key])
+        return f"metric {problem}" if problem else super().check_arrays(content)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -133,8 +134,8 @@ class FedFTGStrategy(FlowerbedFedAvg):
         if not cfg.fedftg_iterations:
             return mean, {}  # FedAvg
         # (the mean as FedAvg casts it: a float64 mean of an int64 buffer rounded, not truncated)
-        student = load_record(self._network(), cast_like(mean, self._reference)).to(device).eval()
-        teachers = [load_record(self._network(), r).to(device).eval().requires_grad_(False) for r in uploads]
+        student = self.network_with(cast_like(mean, self._reference)).to(device).eval()
+        teachers = [self.network_with(r).to(device).eval().requires_grad_(False) for r in uploads]
         gen = self._generator().to(device).train()
         opt_g = torch.optim.Adam(gen.parameters(), lr=cfg.fedftg_gen_lr)
         opt_s = torch.optim.SGD(student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -173,9 +174,6 @@ class FedFTGStrategy(FlowerbedFedAvg):
         """L_cls − λ_md·L_md + λ_div·L_div: faithful to the teachers, hard for the global model
         (it maximises their disagreement), diverse."""
         return cls - self.cfg.fedftg_lambda_md * md + self.cfg.fedftg_lambda_div * div
-
-    def _network(self) -> nn.Module:
-        return copy.deepcopy(self.model)
 
     def _generator(self) -> Generator:
         cfg = self.cfg
