@@ -121,9 +121,13 @@ class Partition:
 #: method missing here hides a real difference: tests/test_resume.py checks that every method's
 #: runs read no key outside this. The ServerApp warns of a key set for a method not reading it.
 KEY_READERS: dict[str, tuple[str, ...]] = {
-    **{m: (m,) for m in ("fedx", "fedxds", "fedcc", "fedfew", "fedsoft", "fedmgda", "cfl", "fedrep", "ditto",
+    **{m: (m,) for m in ("fedx", "fedcc", "fedfew", "fedsoft", "fedmgda", "cfl", "fedrep", "ditto",
                           "atlas", "fedftg", "fedconcat", "apfl", "fedamp", "feddyn", "scaffold", "fedlc",
-                          "fedrs", "fedsam", "fedvls", "fedmr")},
+                          "fedrs", "fedsam", "fedvls", "fedmr", "fedfed")},
+    # FedFed shares, noises and trains on D_g as FedXDS does, without attributions and masks
+    "fedxds": ("fedxds", "fedfed"),
+    **{k: ("fedxds",) for k in ("fedxds-attribution", "fedxds-lrp-first", "fedxds-sparsity", "fedxds-mask",
+                                "fedxds-init")},
     "probe": SSL_METHODS, "ssl": SSL_METHODS,
     # NT-Xent's, InfoNCE's, ProtoNCE's mean φ
     "ssl-tau": ("fedsimclr", "fedmoco", "fedprotocl", "moon-unsup", "fedx"),
@@ -292,6 +296,11 @@ class Config:
     fedconcat_encoder_rounds: int
     fedconcat_classifier_steps: int
     fedconcat_classifier_lr: float
+    fedfed_lr: float
+    fedfed_re: float
+    fedfed_ce: float
+    fedfed_kl: float
+    fedfed_x_ce: float
     fedftg_iterations: int
     fedftg_gen_steps: int
     fedftg_student_steps: int
@@ -447,7 +456,7 @@ class Config:
         if self.fedxds_sigma > MAX_SIGMA:
             raise ConfigError("fedxds-sigma", self.fedxds_sigma, f"must be <= {MAX_SIGMA:g} (shared "
                               "samples travel as float16; a clipped sample's norm is fedxds-clip)")
-        if self.method == "fedxds" and self.fedxds_warmup_rounds >= self.num_server_rounds:
+        if self.method in ("fedxds", "fedfed") and self.fedxds_warmup_rounds >= self.num_server_rounds:
             raise ConfigError("fedxds-warmup-rounds", self.fedxds_warmup_rounds,
                               f"must be < num-server-rounds ({self.num_server_rounds})")
         if ((self.method == "fedprotocl" or (self.method == "fedx" and self.fedx_base == "protocl"))
@@ -523,7 +532,7 @@ class Config:
                     "fedx-tau-target", "fedx-tau-local", "fedu-mu", "distill-lr", "fedfew-mu",
                     "fedfew-server-lr", "fedxds-clip", "fedamp-alpha", "fedamp-sigma", "fedamp-lambda",
                     "feddyn-alpha", "fedsam-rho", "fedmgda-lr", "cfl-eps1", "cfl-eps2",
-                    "moon-tau", "atlas-meta-lr", "fedftg-gen-lr"):
+                    "moon-tau", "atlas-meta-lr", "fedftg-gen-lr", "fedfed-lr"):
             v = getattr(self, key.replace("-", "_"))
             if not (v > 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number > 0")
@@ -558,7 +567,8 @@ class Config:
         for key in ("weight-decay", "proximal-mu", "ditto-lambda", "apfl-alpha-lr", "fedcc-lambda",
                     "fedxds-lambda", "fedxds-sigma", "fedxds-epsilon", "fedade-fixed-lr", "fedade-lr-min",
                     "fedade-lr-max", "fedlc-tau", "fedvls-lambda", "fedsoft-lambda",
-                    "moon-mu", "fedftg-lambda-md", "fedftg-lambda-div", "fedconcat-classifier-lr"):
+                    "moon-mu", "fedftg-lambda-md", "fedftg-lambda-div", "fedconcat-classifier-lr",
+                    "fedfed-re", "fedfed-ce", "fedfed-kl", "fedfed-x-ce"):
             v = getattr(self, key.replace("-", "_"))
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(key, v, "must be a finite number >= 0")

@@ -84,9 +84,10 @@ def classic_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> flo
     return math.sqrt(2 * math.log(1.25 / delta)) * sensitivity / epsilon
 
 
-def privatise(x: torch.Tensor, heat: torch.Tensor, *, sparsity: float, mask_kind: str,
+def privatise(x: torch.Tensor, heat: torch.Tensor | None, *, sparsity: float, mask_kind: str,
               clip: float, sigma: float, generator: torch.Generator) -> torch.Tensor:
-    """Mask (or not, ``mask_kind='none'``), clip and noise normalised images [N, C, H, W]."""
+    """Mask by ``heat`` (or not, ``mask_kind='none'``: ``heat`` unused), clip and noise
+    normalised images [N, C, H, W] (FedFed's x_s too, unmasked)."""
     if mask_kind != "none":
         x = x * sparsify(heat, sparsity, mask_kind).unsqueeze(1)
     return add_noise(clip_l2(x, clip), sigma, generator)

@@ -21,6 +21,7 @@ from flowerbed.clients.fedconcat import FedConcatClient
 from flowerbed.clients.fedct import FedCTClient
 from flowerbed.clients.feddf import FedDFClient
 from flowerbed.clients.feddyn import FedDynClient
+from flowerbed.clients.fedfed import FedFedClient
 from flowerbed.clients.fedfew import FedFewClient
 from flowerbed.clients.fedftg import FedFTGClient
 from flowerbed.clients.fedlc import FedLCClient
@@ -57,6 +58,7 @@ from flowerbed.strategies.fedconcat import FedConcatStrategy
 from flowerbed.strategies.fedct import FedCTStrategy
 from flowerbed.strategies.feddf import FedDFStrategy
 from flowerbed.strategies.feddyn import FedDynStrategy
+from flowerbed.strategies.fedfed import FedFedStrategy
 from flowerbed.strategies.fedfew import FedFewStrategy
 from flowerbed.strategies.fedftg import FedFTGStrategy
 from flowerbed.strategies.fedmd import FedMDStrategy
@@ -158,6 +160,8 @@ METHODS: dict[str, Method] = {
                "FedAvg, evaluated after local fine-tuning"),
         Method("fedxds", FedXDSStrategy, FedXDSClient, make_model,
                "FedXDS (Hoefler et al., 2025): attribution-masked, noised data sharing"),
+        Method("fedfed", FedFedStrategy, FedFedClient, make_model,
+               "FedFed (Yang et al., 2023): a federated VAE's x - VAE(x) shared, clipped and noised"),
         Method("fedade", FedADEStrategy, FedADEClient, make_model,
                "Fed-ADE (Park et al., 2026): shift-adaptive learning rates on unlabelled streams"),
         Method("fedpoe", FedPOEStrategy, FedPOEClient, make_model,

@@ -24,6 +24,7 @@ EXTRA = {
     "moon-unsup": {"probe-every": 2, "probe-epochs": 1, "local-test-fraction": 0.0},
     # seeded noise: the resume and determinism tests compare two runs' metrics
     "fedxds": {"fedxds-warmup-rounds": 1, "fedxds-share-fraction": 0.2, "fedxds-noise": "seeded"},
+    "fedfed": {"fedxds-warmup-rounds": 1, "fedxds-share-fraction": 0.2, "fedxds-noise": "seeded"},
     **{m: STREAM for m in ("fedade", "fedpoe")},
     "atlas": {**STREAM, "atlas-grid": 10.0},  # 4 base learners (1e-5 ... 1e-2), not 8
     **{m: {"num-models": 2, "local-test-fraction": 0.25, "partition": "pathological:2"}

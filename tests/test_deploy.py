@@ -390,7 +390,8 @@ COVERED_BY = {"fedprox": "fedavg", "fedavg-ft": "fedavg", "fedsimclr": "fedbyol"
               "fedvls": "fedavg", "fedmr": "fedrep", "fedpoe": "fedade", "fedsoft": "fedfew",
               "ifca": "fedfew", "fedmgda": "fedavg", "cfl": "fedrep",
               "moon-unsup": "fedbyol", "atlas": "fedade", "fedftg": "fedavg", "fedct": "fedcc",
-              "fedconcat": "fedfew"}
+              "fedconcat": "fedfew", "fedfed": "fedxds"}
+# FedFed: FedXDS's messages (its VAE travels as "arrays" in the rounds before D_g) and client state.
 # FedFTG: FedAvg's messages, with a list-valued metric more (its label counts). FedConcat: a model for each
 # node and FedFTG's replies in its encoder stage, then FedFew's messages down (the K models as model.0 ...)
 # and one record up (its classifier), no client state. MOON-unsup: FedBYOL's messages, its previous local

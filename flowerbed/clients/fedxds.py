@@ -31,7 +31,7 @@ from flowerbed.checkpoint import digest, write_synced
 from flowerbed.clients.base import Client
 from flowerbed.privacy import privatise
 from flowerbed.strategies.fedxds import SHARED
-from flowerbed.training import cycled_batches, seeded_generator, to_record
+from flowerbed.training import cycled_batches, generator_of, seeded_generator, to_record
 
 log = logging.getLogger("flowerbed")
 STATE = "fedxds.pool"  # ConfigRecord {"digest": D_g's}: D_g itself is in pool_file()
@@ -55,20 +55,23 @@ class FedXDSClient(Client):
         idx = np.sort(rng.permutation(len(data))[:n])
         x = data.normalise(data.x[idx].to(self.device))
         y = data.y[idx].to(self.device)
-        if cfg.fedxds_mask == "none":  # the unmasked baseline: no attribution
-            heat = torch.zeros(len(idx), *x.shape[2:])
-        else:
-            heat = attribute(model, x, y, cfg.fedxds_attribution,
-                             lrp_first=cfg.fedxds_lrp_first).cpu()
         # noise the server could regenerate from the run config would protect nothing: by
         # default it comes from the OS's randomness, never from the run's seed
-        gen = (seeded_generator(cfg.seed, self.partition_id, rnd, 31337) if cfg.fedxds_noise == "seeded"
+        gen = (generator_of(cfg.seed, self.partition_id, rnd, 31337) if cfg.fedxds_noise == "seeded"
                else torch.Generator().manual_seed(secrets.randbits(63)))
-        out = privatise(x.detach().cpu(), heat, sparsity=cfg.fedxds_sparsity,
-                        mask_kind=cfg.fedxds_mask, clip=cfg.fedxds_clip, sigma=self.sigma(),
-                        generator=gen)
+        out = self.privatised(model, x, y, gen)
         return ArrayRecord({"x": Array(out.numpy().astype(np.float16)),
                             "y": Array(y.cpu().numpy().astype(np.int64))})
+
+    def privatised(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                   gen: torch.Generator) -> torch.Tensor:
+        """Normalised images ``x`` of labels ``y`` as they leave the client: masked by their
+        attributions under ``model`` (or not: ``fedxds-mask='none'``), clipped, noised (CPU)."""
+        cfg = self.cfg
+        heat = None if cfg.fedxds_mask == "none" else attribute(
+            model, x, y, cfg.fedxds_attribution, lrp_first=cfg.fedxds_lrp_first).cpu()
+        return privatise(x.detach().cpu(), heat, sparsity=cfg.fedxds_sparsity, mask_kind=cfg.fedxds_mask,
+                         clip=cfg.fedxds_clip, sigma=self.sigma(), generator=gen)
 
     def train(self, msg: Message) -> Message:
         cfg, rnd = self.cfg, self.round_of(msg)
