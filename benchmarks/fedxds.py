@@ -1,4 +1,4 @@
-"""FedXDS vs FedAvg, FedProx, SCAFFOLD, FedDyn, FedFTG, FedFed and unmasked noised sharing (same sigma), F-MNIST.
+"""FedXDS vs FedAvg, FedProx, SCAFFOLD, FedDyn, FedFTG, FedFed and unmasked noised sharing, F-MNIST.
 
 10 clients, dirichlet:0.05, the same partitions, seeds and rounds for every method; FedXDS's
 warm-up rounds count towards its rounds. Targets (issue #5): FedXDS final accuracy >= FedAvg
@@ -38,7 +38,8 @@ from benchmarks.common import (
 from flowerbed.compare import compare, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ["fedxds", "fedxds@fedxds-mask='none'", "fedavg", "fedprox", "scaffold", "feddyn", "fedftg", "fedfed"]
+METHODS = ["fedxds", "fedxds@fedxds-mask='none'", "fedavg", "fedprox", "scaffold", "feddyn", "fedftg",
+           "fedfed"]
 
 
 def main() -> None:
