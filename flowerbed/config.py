@@ -136,6 +136,7 @@ KEY_READERS: dict[str, tuple[str, ...]] = {
     "distill": DISTILL_METHODS, "hetero": DISTILL_METHODS,
     "distill-epochs": ("fedcc", "feddf", "fedmd"),  # FedCT has no distillation stage (only distill-lr)
     "proximal-mu": ("fedprox", "fedx"),  # FedX: with fedx-global='prox' only
+    "scaffold-server-lr": ("scaffold", "fedx"),  # FedX: with fedx-global='scaffold' only
     "finetune": ("fedavg-ft",), "num-models": ("fedfew", "ifca", "fedsoft"),
     "fedade": STREAM_METHODS,  # Fed-POE and ATLAS read the streams', the risk's and the steps'; not:
     **{k: ("fedade",) for k in ("fedade-lr-mode", "fedade-estimators",
@@ -513,10 +514,11 @@ class Config:
             raise ConfigError("fedx-base", self.fedx_base, f"known bases: {', '.join(FEDX_BASES)}")
         if self.fedx_relational not in ("official", "js"):
             raise ConfigError("fedx-relational", self.fedx_relational, "use official or js")
-        if self.fedx_global not in ("kd", "prox"):
-            raise ConfigError("fedx-global", self.fedx_global, "use kd or prox")
-        if self.method == "fedx" and self.fedx_global == "prox" and not self.fedx_global_kd:
-            raise ConfigError("fedx-global", "prox", "the proximal term takes the global KD terms' place, "
+        if self.fedx_global not in ("kd", "prox", "scaffold"):
+            raise ConfigError("fedx-global", self.fedx_global, "use kd, prox or scaffold")
+        if self.method == "fedx" and self.fedx_global != "kd" and not self.fedx_global_kd:
+            raise ConfigError("fedx-global", self.fedx_global, f"the {self.fedx_global} regulariser "
+                              "takes the global KD terms' place, "
                               "which fedx-global-kd=false switches off: set fedx-global-kd=true, or "
                               "leave fedx-global at 'kd' for the run without any global term")
         if self.method == "fedx" and self.fedx_global == "prox" and self.proximal_mu == 0:

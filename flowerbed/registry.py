@@ -68,7 +68,7 @@ from flowerbed.strategies.fednova import FedNovaStrategy
 from flowerbed.strategies.fedpoe import FedPOEStrategy
 from flowerbed.strategies.fedrep import FedRepStrategy
 from flowerbed.strategies.fedsoft import FedSoftStrategy
-from flowerbed.strategies.fedx import FedXStrategy
+from flowerbed.strategies.fedx import fedx_strategy
 from flowerbed.strategies.fedxds import FedXDSStrategy
 from flowerbed.strategies.ifca import IFCAStrategy
 from flowerbed.strategies.local import LocalStrategy
@@ -129,7 +129,7 @@ METHODS: dict[str, Method] = {
                "MOON-unsup: FedSimCLR + MOON's model-contrastive term (global +, previous local -)"),
         Method("fedu", SSLStrategy, FedUClient, make_ssl_model,
                "FedU (Zhuang et al., 2021): FedBYOL + divergence-aware predictor update"),
-        Method("fedx", FedXStrategy, fedx_client, make_ssl_model,
+        Method("fedx", fedx_strategy, fedx_client, make_ssl_model,
                "FedX (Han et al., 2022) on the base chosen by fedx-base; linear probe"),
         Method("fedcc", FedCCStrategy, FedCCClient, no_server_model,
                "FedCC (Ye et al.): unknown class + calibrated pseudo-labels; ensemble inference"),

@@ -185,13 +185,15 @@ def ssl_epochs(model: nn.Module, data: DataSet, *, epochs: int, batch_size: int,
                generator: torch.Generator, augment: Callable[[torch.Tensor], torch.Tensor],
                step: SSLStep, random_batch: bool = False,
                after_step: Callable[[], None] | None = None,
-               before_epoch: Callable[[], None] | None = None) -> tuple[float, int]:
+               before_epoch: Callable[[], None] | None = None,
+               grad_hook: GradHook | None = None) -> tuple[float, int]:
     """Self-supervised training on two augmented views of each batch; never reads labels.
 
     ``step(x1, x2, xr, idx)`` returns the loss; ``idx`` are the batch's sample indices into
     ``data`` (FedProtoCL looks up their clusters), ``xr`` an independent random batch of the same
     size (FedX's anchor set for the relational loss) when ``random_batch``, else None.
-    ``before_epoch()`` runs at the start of every epoch (FedProtoCL's clustering).
+    ``before_epoch()`` runs at the start of every epoch (FedProtoCL's clustering);
+    ``grad_hook(model)`` edits the gradients before each step (FedX's SCAFFOLD-style regulariser).
     A last batch of fewer than 2 samples is dropped (contrastive losses need a negative).
     """
     model.to(device).train()
@@ -216,6 +218,8 @@ def ssl_epochs(model: nn.Module, data: DataSet, *, epochs: int, batch_size: int,
             loss = step(x1, x2, xr, idx)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if grad_hook is not None:
+                grad_hook(model)
             opt.step()
             if after_step is not None:
                 after_step()

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 
 from flowerbed.clients.fedbyol import TARGET, ema_update
 from flowerbed.clients.fedmoco import KEY_ENCODER, QUEUE
@@ -365,6 +365,59 @@ def test_fedx_global_prox_replaces_the_global_terms_with_fedprox_term():
         Config.from_run_config({"method": "fedx", "fedx-global": "prox", "fedx-global-kd": False})
     with pytest.raises(ConfigError, match="'proximal-mu' = 0.0.*needs a pull > 0"):
         Config.from_run_config({"method": "fedx", "fedx-global": "prox", "proximal-mu": 0.0})
+
+
+def test_fedx_global_scaffold_corrects_each_step_in_place_of_the_global_terms():
+    """fedx-global='scaffold' (the paper's other Table 2 comparison): base + local relational loss,
+    each step's gradient corrected by c - c_i, c_i kept as SCAFFOLD's client keeps it."""
+    from flowerbed.clients.scaffold import PENDING
+    from flowerbed.strategies.scaffold import CV_DELTA, SERVER_CV
+
+    def trained(extra, c=None):
+        torch.manual_seed(0)  # the same initial model each time
+        client, model, msg, ctx = make_client("fedx", **extra)
+        if c is not None:
+            msg.content[SERVER_CV] = ArrayRecord({k: Array(np.full(p.shape, c, np.float32))
+                                                  for k, p in model.named_parameters()})
+        return client, client.train(msg), ctx, to_record(model)
+
+    _, plain, _, start = trained({"fedx-global-kd": False})
+    client, zero, ctx, _ = trained({"fedx-global": "scaffold"})  # c = c_i = 0: no correction
+    assert all(np.array_equal(zero.content["arrays"][k].numpy(), plain.content["arrays"][k].numpy())
+               for k in start)
+    assert set(zero.content.array_records) == {"arrays", CV_DELTA} and PENDING in ctx.state.array_records
+    client, moved, _, _ = trained({"fedx-global": "scaffold"}, c=0.01)
+    k, cfg = "backbone.conv1.weight", client.cfg
+    y, x = moved.content["arrays"][k].numpy(), start[k].numpy()
+    assert not np.array_equal(y, plain.content["arrays"][k].numpy())
+    # option II with c_i = 0: delta c_i = -c + (x - y) / (K lr / (1 - momentum))
+    want = -0.01 + (x - y) / (client.steps * cfg.lr / (1 - cfg.momentum))
+    assert np.allclose(moved.content[CV_DELTA][k].numpy(), want, atol=1e-5)
+    with pytest.raises(ConfigError, match="'fedx-global' = 'scaffold'.*fedx-global-kd=false switches off"):
+        Config.from_run_config({"method": "fedx", "fedx-global": "scaffold", "fedx-global-kd": False})
+
+
+def test_fedx_global_scaffold_over_byol_resumes_as_an_unbroken_run(tmp_path):
+    """Both kinds of client state (BYOL's target, SCAFFOLD's c_i) and the server's c survive a
+    crash after round 1."""
+    from inprocess import run_inprocess
+
+    from flowerbed import faults
+    from flowerbed.results import read_metrics
+
+    def rc(name, **more):
+        return {**SMALL, "method": "fedx", "fedx-base": "byol", "fedx-global": "scaffold",
+                "num-server-rounds": 3, "probe-every": 3, "probe-epochs": 1, "min-clients": 2,
+                "output-dir": str(tmp_path), "run-name": name, "client-state-dir": str(tmp_path / "s"), **more}
+
+    def rows(name):
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in read_metrics(tmp_path / name)]
+
+    full = run_inprocess(rc("full"), 2)
+    with pytest.raises(faults.SimulatedCrash):
+        run_inprocess(rc("halt", **{"fault-crash-after": 1}), 2)
+    resumed = run_inprocess(rc("halt", resume=str(tmp_path / "halt")), 2)
+    assert rows("halt") == rows("full") and resumed["final-accuracy"] == full["final-accuracy"]
 
 
 def test_model_contrastive_loss_by_hand():

@@ -7,6 +7,8 @@ scores the global encoder).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from flwr.app import Context, Message
 from torch import nn
@@ -49,6 +51,10 @@ class SSLClient(Client):
     def after_step(self, model: SSLNet) -> None:
         """Called after every optimiser step (BYOL's EMA)."""
 
+    def grad_hook(self, model: SSLNet, msg: Message) -> Callable[[nn.Module], None] | None:
+        """The round's gradient hook, if any (FedX's SCAFFOLD-style regulariser)."""
+        return None
+
     def finish(self, model: SSLNet) -> dict[str, float]:
         """Per-round wrap-up after training (state to keep); returns extra metrics."""
         return {}
@@ -79,14 +85,15 @@ class SSLClient(Client):
             self.batch_idx = idx  # the batch's sample indices (FedProtoCL's cluster lookup)
             return self.loss(model, self.views(model, x1, x2, xr), x1, x2, xr)
 
-        loss, _ = ssl_epochs(
+        loss, self.steps = ssl_epochs(
             model, self.train_data, epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
             momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=self.device,
             generator=gen, augment=self.augment, random_batch=self.random_batch, step=step,
-            after_step=lambda: self.after_step(model), before_epoch=lambda: self.before_epoch(model))
+            after_step=lambda: self.after_step(model), before_epoch=lambda: self.before_epoch(model),
+            grad_hook=self.grad_hook(model, msg))
         extra = self.finish(model)
         return self.reply(msg, {"num-examples": len(self.train_data), "train-loss": loss, **extra},
-                          arrays=to_record(model))
+                          arrays=to_record(model), **self.extra_arrays(model, msg))
 
 
 class SimCLRClient(SSLClient):

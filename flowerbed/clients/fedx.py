@@ -10,7 +10,9 @@ against its queue, or ProtoCL's InfoNCE + prototype terms):
 z are local projections, p local predictions, ·ᵍ projections of a frozen copy of the received
 global model (eval mode, no gradient); the anchor set A is an independent random batch of the
 client's own data. With ``fedx-global='prox'`` (the paper's Table 2 comparison) L_global is
-instead FedProx's (``proximal-mu``/2)·‖w − w_g‖² to the received model. Over BYOL and FedU, p
+instead FedProx's (``proximal-mu``/2)·‖w − w_g‖² to the received model, and with
+``fedx-global='scaffold'`` (the table's other one) SCAFFOLD's gradient correction g − c_i + c,
+the control variates kept and exchanged as SCAFFOLD's (``clients/scaffold.py``). Over BYOL and FedU, p
 comes from BYOL's predictor (``fedx-head='shared'``) or from a
 prediction head of FedX's own (``'separate'``: the paper's "additional prediction head"). JS is
 :func:`flowerbed.losses.relational_loss` in the ``fedx-relational`` form. All weights are 1, as
@@ -30,6 +32,7 @@ from flowerbed.clients.fedmoco import MoCoClient
 from flowerbed.clients.fedprotocl import ProtoCLClient
 from flowerbed.clients.fedsimclr import SimCLRClient, SSLClient
 from flowerbed.clients.fedu import FedUClient
+from flowerbed.clients.scaffold import ScaffoldClient
 from flowerbed.config import Config
 from flowerbed.losses import nt_xent, relational_loss
 from flowerbed.models.ssl import SSLNet
@@ -42,7 +45,7 @@ class FedXMixin:
         super().prepare(model, msg)
         self.prox = proximal(model, self.cfg.proximal_mu) if self.cfg.fedx_global == "prox" else None
         self.global_model = None  # the frozen copy: only the global KD terms read it
-        if self.cfg.fedx_global_kd and self.prox is None:
+        if self.cfg.fedx_global_kd and self.cfg.fedx_global == "kd":
             self.global_model = copy.deepcopy(model).eval()
             self.global_model.requires_grad_(False)
 
@@ -54,7 +57,7 @@ class FedXMixin:
                                             cfg.fedx_tau_local, cfg.fedx_relational)
         if cfg.fedx_global_kd and self.prox is not None:
             total = total + self.prox(model)
-        elif cfg.fedx_global_kd:
+        elif self.global_model is not None:
             with torch.no_grad():
                 _, zg, _ = self.global_model(torch.cat([x2, xr]))
             zg2, zgr = zg.split([len(x2), len(xr)])
@@ -92,6 +95,20 @@ BASES: dict[str, type[SSLClient]] = {"simclr": FedXSimCLRClient, "byol": FedXBYO
                                      "protocl": FedXProtoCLClient}
 
 
+class FedXScaffoldMixin:
+    """``fedx-global='scaffold'``: SCAFFOLD's correction in every step, its c_i filed and its Δc_i
+    sent back as ScaffoldClient's."""
+
+    def grad_hook(self, model, msg):
+        return self.correction(model, msg)
+
+
+#: each base with SCAFFOLD's client state and correction
+SCAFFOLD_BASES: dict[str, type[SSLClient]] = {
+    k: type(f"{v.__name__}Scaffold", (FedXScaffoldMixin, v, ScaffoldClient), {}) for k, v in BASES.items()}
+
+
 def fedx_client(cfg: Config, context: Context) -> SSLClient:
-    """The FedX client over the base named by ``fedx-base``."""
-    return BASES[cfg.fedx_base](cfg, context)
+    """The FedX client over the base named by ``fedx-base`` (with SCAFFOLD's state for
+    ``fedx-global='scaffold'``)."""
+    return (SCAFFOLD_BASES if cfg.fedx_global == "scaffold" else BASES)[cfg.fedx_base](cfg, context)

@@ -18,6 +18,8 @@ with momentum on that split, so K/(1 − β) stays.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from flwr.app import Array, ArrayRecord, Message
 from torch import nn
 
@@ -34,6 +36,12 @@ class ScaffoldClient(SyncedStateClient):
     pending_round_key = "scaffold.pending-round"  # its name before the handshake was shared
 
     def fit(self, model: nn.Module, msg: Message, rnd: int, **hooks):
+        return super().fit(model, msg, rnd, grad_hook=self.correction(model, msg), **hooks)
+
+    def correction(self, model: nn.Module, msg: Message) -> Callable[[nn.Module], None]:
+        """The round's gradient hook g ← g − c_i + c (c from ``msg``, c_i adopted as the server
+        took it); remembers x, c and c_i for :meth:`extra_arrays`. FedX's SCAFFOLD-style
+        regulariser (``fedx-global='scaffold'``) calls it from its own training loop."""
         c_rec = msg.content.array_records.get(SERVER_CV)
         self.adopt_pending(msg)
         ci_rec = self.held_state()
@@ -48,7 +56,7 @@ class ScaffoldClient(SyncedStateClient):
                 if p.grad is not None:
                     p.grad.add_(correction[k])
 
-        return super().fit(model, msg, rnd, grad_hook=correct, **hooks)
+        return correct
 
     def extra_arrays(self, model: nn.Module, msg: Message) -> dict[str, ArrayRecord]:
         effective_lr = self.cfg.lr / (1.0 - self.cfg.momentum)  # heavy-ball momentum (see above)
