@@ -408,7 +408,8 @@ def test_fedx_global_scaffold_over_byol_resumes_as_an_unbroken_run(tmp_path):
     def rc(name, **more):
         return {**SMALL, "method": "fedx", "fedx-base": "byol", "fedx-global": "scaffold",
                 "num-server-rounds": 3, "probe-every": 3, "probe-epochs": 1, "min-clients": 2,
-                "output-dir": str(tmp_path), "run-name": name, "client-state-dir": str(tmp_path / "s"), **more}
+                "output-dir": str(tmp_path), "run-name": name, "client-state-dir": str(tmp_path / "s"),
+                **more}
 
     def rows(name):
         return [{k: v for k, v in r.items() if k != "seconds"} for r in read_metrics(tmp_path / name)]
