@@ -1,18 +1,23 @@
 """FedFed: the VAE's split, the loss by hand, exactly what leaves a client, and a whole run
-in-process (the FL model untouched while the VAE trains, then FedXDS's main phase on D_g)."""
+in-process (the FL model untouched while the VAE trains, then FedXDS's main phase on D_g;
+resumed in the middle of the VAE rounds)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from conftest import sent
+from conftest import FakeGrid, prepared, sent, train_messages
 from flwr.app import ConfigRecord, Context, RecordDict
 from inprocess import run_inprocess
 from torch.nn import functional as F
 
+from flowerbed import faults
+from flowerbed.clients.base import make_model
 from flowerbed.clients.fedfed import fedfed_loss, make_fedfed_net
 from flowerbed.config import Config, ConfigError, reads
+from flowerbed.datasets.federated import train_set
+from flowerbed.datasets.loading import STATS
 from flowerbed.models.fedfed_vae import FedFedVAE
 from flowerbed.privacy import clip_l2, privatise
 from flowerbed.registry import METHODS
@@ -50,8 +55,9 @@ def test_the_loss_is_the_weighted_sum_of_its_four_terms():
     _, x_r, mu, logvar = out
     noise = torch.randn((5, 1, 28, 28), generator=torch.Generator().manual_seed(1))
     noised = clip_l2(x - x_r, 3.0) + 0.2 * noise
-    want = (3.0 * ((x_r - x) ** 2).mean() + 2.0 * F.cross_entropy(net.classifier(noised), y)
-            + 0.5 * (-0.5 * (1 + logvar - mu ** 2 - logvar.exp()).mean())
+    std = STATS["fashion-mnist"][1][0]  # the reconstruction error in [0, 1] pixels; KL / (B·3·z)
+    want = (3.0 * (((x_r - x) * std) ** 2).mean() + 2.0 * F.cross_entropy(net.classifier(noised), y)
+            + 0.5 * (-0.5 * (1 + logvar - mu ** 2 - logvar.exp()).sum() / (5 * 3 * mu.shape[1]))
             + 0.25 * F.cross_entropy(net.classifier(x), y))
     assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-5)
     got.backward()  # every part learns: the VAE (through x_s and the reconstruction), the classifier
@@ -66,16 +72,17 @@ def share_reply(cfg: Config):
     vae = to_record(make_fedfed_net(cfg))
     out = client.train(sent(3, RecordDict({"arrays": vae, "config": ConfigRecord(
         {"server-round": 2, "fedxds-phase": "share"})})))
-    return client, out
+    return client, out, vae
 
 
 def test_what_leaves_the_client_is_its_clipped_noised_x_minus_vae_x_and_nothing_else():
     cfg = Config.from_run_config(SMALL)
-    client, out = share_reply(cfg)
+    client, out, sent_vae = share_reply(cfg)
     assert set(out.content.array_records) == {"arrays", "shared"}
+    # the share round does not train: x_s comes from the federation's VAE, which goes back unchanged
+    assert all(np.array_equal(out.content["arrays"][k].numpy(), sent_vae[k].numpy()) for k in sent_vae)
     released = out.content["shared"]["x"].numpy().astype(np.float32)
-    # rebuild it from the VAE the client sent back (it trained before sharing) and its samples
-    net = load_record(make_fedfed_net(cfg), out.content["arrays"]).eval()
+    net = load_record(make_fedfed_net(cfg), sent_vae).eval()
     data = client.train_data
     idx = np.sort(np.random.default_rng([cfg.seed, 0, 17]).permutation(len(data))[:len(released)])
     x = data.normalise(data.x[idx])
@@ -101,13 +108,48 @@ def test_fedfed_reads_fedxds_sharing_keys_but_not_its_attribution_keys():
         Config.from_run_config({**SMALL, "fedfed-kl": -1.0})
 
 
-def test_the_model_waits_while_the_vae_trains_then_learns_from_d_g(tmp_path):
-    rc = {**SMALL, "test-samples": 200, "min-clients": 2, "output-dir": str(tmp_path), "run-name": "ff",
-          "client-state-dir": str(tmp_path / "state"), "eval-every": 1}
-    run_inprocess(rc, 3)
-    rows = read_metrics(tmp_path / "ff")
-    # rounds 1-2 train the VAE: the FL model is the initial one, scored the same
+def test_the_model_waits_while_the_vae_trains_then_learns_from_d_g_and_a_resume_mid_vae_agrees(tmp_path):
+    rc = {**SMALL, "test-samples": 200, "min-clients": 2, "output-dir": str(tmp_path),
+          "client-state-dir": str(tmp_path / "state"), "eval-every": 1, "num-server-rounds": 3}
+    run_inprocess({**rc, "run-name": "full"}, 3)
+    rows = read_metrics(tmp_path / "full")
+    # round 1 trains the VAE, round 2 shares: the FL model is the initial one, scored the same
     assert rows[0]["accuracy"] == rows[1]["accuracy"] == rows[2]["accuracy"]
+    assert rows[1]["vae-loss"] > 0 and "vae-loss" not in rows[2] and rows[1]["train-loss"] is None
     assert rows[2]["bytes-up"] > rows[1]["bytes-up"]  # the share round's upload
-    assert rows[3]["accuracy"] != rows[0]["accuracy"] and rows[4]["has-pool"] == 1
-    assert rows[1]["train-loss"] > rows[3]["train-loss"]  # the VAE's loss, then the model's CE
+    assert rows[3]["accuracy"] != rows[0]["accuracy"] and rows[3]["has-pool"] == 1
+    # crashed after the VAE round, resumed: the checkpoint's VAE makes the same D_g
+    with pytest.raises(faults.SimulatedCrash):
+        run_inprocess({**rc, "run-name": "halt", "fault-crash-after": 1}, 3)
+    run_inprocess({**rc, "run-name": "halt", "resume": str(tmp_path / "halt")}, 3)
+    drop = ("seconds",)
+    assert ([{k: v for k, v in r.items() if k not in drop} for r in read_metrics(tmp_path / "halt")]
+            == [{k: v for k, v in r.items() if k not in drop} for r in rows])
+
+
+def test_a_vae_round_averages_the_vae_and_keeps_the_model_and_the_main_phase_drops_the_vae():
+    cfg = Config.from_run_config({**SMALL, "min-clients": 2})
+    s, grid = METHODS["fedfed"].strategy(cfg), FakeGrid([101, 102])
+    prepared(s, grid.nodes)
+    torch.manual_seed(0)
+    model = s.initial_arrays(make_model(cfg, train_set(cfg)))
+    first = s.vae
+    msgs = train_messages(s, 1, model, grid)
+    assert all(set(m.content["arrays"]) == set(first) for m in msgs)  # the VAE goes out, not the model
+    replies = [client_reply(cfg, m, i) for i, m in enumerate(msgs)]
+    arrays, _ = s.aggregate_train(1, replies)
+    assert arrays is model  # the FL model waits
+    assert not all(np.array_equal(s.vae[k].numpy(), first[k].numpy()) for k in first)  # the VAE moved
+    share = train_messages(s, 2, model, grid)
+    assert share[0].content["arrays"] is s.vae
+    s.aggregate_train(2, [client_reply(cfg, m, i) for i, m in enumerate(share)])
+    assert s.pool is not None and s.phase(3) == "main"
+    main = train_messages(s, 3, model, grid)
+    assert main[0].content["arrays"] is model and s.vae is None and "shared" in main[0].content
+
+
+def client_reply(cfg: Config, msg, partition: int):
+    ctx = Context(run_id=1, node_id=msg.metadata.dst_node_id, state=RecordDict(),
+                  node_config={"partition-id": partition, "num-partitions": 2},
+                  run_config=cfg.to_run_config())
+    return METHODS["fedfed"].client(cfg, ctx).train(msg)

@@ -1,17 +1,22 @@
 """FedFed (Yang et al., NeurIPS 2023), client half: feature distillation, one share, FedXDS's main phase.
 
-In the feature-distillation rounds (``fedxds-warmup-rounds``) the client trains what the server
-sends, :class:`~flowerbed.models.fedfed_vae.FedFedNet` (a VAE and its own classifier), for
-``local-epochs`` with Adam at ``fedfed-lr`` on the official code's loss
+In the feature-distillation rounds (``fedxds-warmup-rounds`` but the last) the client trains what
+the server sends, :class:`~flowerbed.models.fedfed_vae.FedFedNet` (a VAE and its own classifier),
+for ``local-epochs`` with Adam at ``fedfed-lr`` on the official code's loss
 
-    re·‖x_r − x‖² + ce·CE(f(x̃_s), y) + kl·KL(q(z|x) ‖ N(0, I)) + x-ce·CE(f(x), y),
+    re·‖s ⊙ (x_r − x)‖² + ce·CE(f(x̃_s), y) + kl·KL(q(z|x) ‖ N(0, I))/3 + x-ce·CE(f(x), y),
 
 x_r the VAE's output, x_s = x − x_r and x̃_s = clip(x_s, C) + N(0, σ²): the classifier learns
 the labels from noised x_s while the reconstruction term keeps x_s small (the paper's
-information bottleneck). In the last of these rounds it also uploads, once, its x_s (VAE in eval
-mode, z = μ) for ``fedxds-share-fraction`` of its samples, clipped to ``fedxds-clip`` and noised
-with FedXDS's σ (:func:`flowerbed.privacy.privatise`, no mask), with their labels. The main
-rounds are FedXDSClient's: CE(local) + λ·CE(D_g) on the FL model.
+information bottleneck). As in the code, the reconstruction error is a mean over [0, 1] pixels
+(s: the data set's per-channel std, undoing the standardisation) and the KL term a sum over
+the batch and latent divided by B·3·z. In the last of these rounds (the share round) the client
+does not train: it uploads, once, x_s of the VAE it received (the federation's average, eval
+mode, z = μ; the code's clients all share through the global VAE) for ``fedxds-share-fraction``
+of its samples, clipped to ``fedxds-clip`` and noised with FedXDS's σ
+(:func:`flowerbed.privacy.privatise`, no mask), with their labels, and returns that VAE
+unchanged. The main rounds are FedXDSClient's: CE(local) + λ·CE(D_g) on the FL model. The VAE
+rounds report their loss as ``vae-loss``.
 
 Differences from the official code, on purpose: x_s is clipped before its noise and the noise is
 drawn per sample and pixel (the code neither clips nor draws more than one noise image per
@@ -33,7 +38,7 @@ from torch.nn import functional as F
 
 from flowerbed.clients.fedxds import FedXDSClient
 from flowerbed.config import Config
-from flowerbed.datasets.loading import IMAGE_SHAPES, NUM_CLASSES
+from flowerbed.datasets.loading import IMAGE_SHAPES, NUM_CLASSES, STATS
 from flowerbed.models import build_model
 from flowerbed.models.fedfed_vae import FedFedNet, FedFedVAE
 from flowerbed.privacy import add_noise, clip_l2, privatise
@@ -51,13 +56,15 @@ def make_fedfed_net(cfg: Config) -> FedFedNet:
 
 def fedfed_loss(net: FedFedNet, cfg: Config, sigma: float, gen: torch.Generator):
     """criterion(net(x), y) for :func:`~flowerbed.training.train_epochs`: the module docstring's loss."""
+    std = torch.tensor(STATS[cfg.dataset][1]).view(1, -1, 1, 1)
 
     def criterion(out: tuple[torch.Tensor, ...], y: torch.Tensor) -> torch.Tensor:
         x, x_r, mu, logvar = out
         noised = add_noise(clip_l2(x - x_r, cfg.fedxds_clip).cpu(), sigma, gen).to(x.device)
         logits = net.classifier(torch.cat([noised, x]))
-        kl = -0.5 * torch.mean(1 + logvar - mu.pow(2) - logvar.exp())
-        return (cfg.fedfed_re * F.mse_loss(x_r, x) + cfg.fedfed_ce * F.cross_entropy(logits[:len(y)], y)
+        rec = ((x_r - x) * std.to(x.device)).pow(2).mean()  # in [0, 1] pixels, as the code's
+        kl = -0.5 * torch.mean(1 + logvar - mu.pow(2) - logvar.exp()) / 3  # the code: sum / (B·3·z)
+        return (cfg.fedfed_re * rec + cfg.fedfed_ce * F.cross_entropy(logits[:len(y)], y)
                 + cfg.fedfed_kl * kl + cfg.fedfed_x_ce * F.cross_entropy(logits[len(y):], y))
 
     return criterion
@@ -66,23 +73,23 @@ def fedfed_loss(net: FedFedNet, cfg: Config, sigma: float, gen: torch.Generator)
 class FedFedClient(FedXDSClient):
 
     def train(self, msg: Message) -> Message:
-        if str(msg.content["config"].get("fedxds-phase", "warmup")) == "main":
+        phase = str(msg.content["config"].get("fedxds-phase", "warmup"))
+        if phase == "main":
             return super().train(msg)
         cfg, rnd = self.cfg, self.round_of(msg)
         net = load_record(make_fedfed_net(cfg), msg.content["arrays"]).to(self.device)
+        metrics = {"num-examples": len(self.train_data), "has-pool": 0}
+        if phase == "share":  # x_s of the federation's VAE, as received; no training
+            return self.reply(msg, metrics, arrays=msg.content["arrays"], **{SHARED: self.release(net, rnd)})
         gen = seeded_generator(cfg.seed, self.partition_id, rnd)
         net.vae.generator = generator_of(cfg.seed, self.partition_id, rnd, 1)
-        loss, _ = train_epochs(net, self.train_data, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
-                               lr=cfg.fedfed_lr, momentum=0.0, weight_decay=cfg.weight_decay,
-                               device=self.device, generator=gen, optimizer="adam",
-                               criterion=fedfed_loss(net, cfg, self.sigma(), generator_of(
-                                   cfg.seed, self.partition_id, rnd, 2)))
+        metrics["vae-loss"], _ = train_epochs(
+            net, self.train_data, epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.fedfed_lr,
+            momentum=0.0, weight_decay=cfg.weight_decay, device=self.device, generator=gen,
+            optimizer="adam", criterion=fedfed_loss(net, cfg, self.sigma(),
+                                                    generator_of(cfg.seed, self.partition_id, rnd, 2)))
         net.vae.generator = None
-        metrics = {"num-examples": len(self.train_data), "train-loss": loss, "has-pool": 0}
-        extra = {}
-        if msg.content["config"].get("fedxds-phase") == "share":
-            extra[SHARED] = self.release(net, rnd)
-        return self.reply(msg, metrics, arrays=to_record(net), **extra)
+        return self.reply(msg, metrics, arrays=to_record(net))
 
     def privatised(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                    gen: torch.Generator) -> torch.Tensor:

@@ -3,11 +3,13 @@
 The shape follows the official code's ``FL_CVAE_cifar`` (visitworld123/FedFed, model/FL_VAE.py):
 two stride-2 4×4 convolutions (16, 32 channels) and two residual blocks down to 32 × H/4 × W/4,
 fully connected μ and log σ² of the same size (the code's ``VAE_z`` = 2048 on 32×32 input),
-and the mirror image up. The code's decoder ends in tanh and a sigmoid for [0, 1] pixels;
-flowerbed's models see standardised input, so the decoder ends in a BatchNorm (as the code's
-does before its sigmoid) and nothing after it. The decoder's output is x_r, the
-performance-robust part that stays on the client; x_s = x − x_r is the part that is shared.
-28×28 input works as well as 32×32 (7×7 and 8×8 in the middle).
+and the mirror image up, with the code's tanh before the last transposed convolution and a
+BatchNorm after it. The code ends in a sigmoid for [0, 1] pixels; flowerbed's models see
+standardised input, so nothing follows the BatchNorm here. The decoder's output is x_r, the
+performance-robust part that is not sent; x_s = x − x_r is the part that is shared (the server
+also holds the VAE that made it, so it can try to rebuild x = x_s + VAE(x):
+``benchmarks/fedxds_privacy.py`` measures that attack). 28×28 input works as well as 32×32
+(7×7 and 8×8 in the middle).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ class ResBlock(nn.Module):
 
     def __init__(self, c: int) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.LeakyReLU(0.2), nn.Conv2d(c, c, 3, padding=1, bias=False),
-                                 nn.BatchNorm2d(c), nn.LeakyReLU(0.2), nn.Conv2d(c, c, 1, bias=False))
+        self.net = nn.Sequential(nn.LeakyReLU(), nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c),
+                                 nn.LeakyReLU(), nn.Conv2d(c, c, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.net(x)
@@ -44,8 +46,8 @@ class FedFedVAE(nn.Module):
                                                    nn.Linear(flat, flat))
         self.decoder = nn.Sequential(
             ResBlock(width), nn.BatchNorm2d(width), ResBlock(width), nn.BatchNorm2d(width),
-            nn.ConvTranspose2d(width, half, 4, 2, 1, bias=False), nn.BatchNorm2d(half), nn.LeakyReLU(0.2),
-            nn.ConvTranspose2d(half, channels, 4, 2, 1, bias=False), nn.BatchNorm2d(channels))
+            nn.ConvTranspose2d(width, half, 4, 2, 1, bias=False), nn.BatchNorm2d(half), nn.LeakyReLU(),
+            nn.Tanh(), nn.ConvTranspose2d(half, channels, 4, 2, 1, bias=False), nn.BatchNorm2d(channels))
         #: draws ε in training (the client seeds it per round); None: torch's global RNG
         self.generator: torch.Generator | None = None
 

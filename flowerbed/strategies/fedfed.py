@@ -1,14 +1,16 @@
 """FedFed (Yang et al., NeurIPS 2023), server half: FedXDS's phases with feature distillation.
 
 One of the FedXDS paper's data-sharing baselines (its closest competitor there: 82.58 against
-83.46 % on CIFAR-10 with 100 clients). The warm-up rounds (``fedxds-warmup-rounds``) train and
-FedAvg a VAE with its own classifier (:class:`~flowerbed.models.fedfed_vae.FedFedNet`; the
-official code: 15 rounds) instead of the FL model, which stays at its initial weights meanwhile
-(the code trains the FL model from scratch after the VAE rounds). In the last of them every
-client uploads its performance-sensitive features x_s = x − VAE(x), clipped and noised as
-FedXDS's samples; the server pools them into D_g and the main rounds are FedXDS's: FedAvg on
-CE(local) + λ·CE(D_g). The VAE is in the checkpoint; evaluation during the VAE rounds scores the
-untrained FL model, which is what FedFed has then.
+83.46 % on CIFAR-10 with 100 clients). The warm-up rounds (``fedxds-warmup-rounds``) send and
+FedAvg a VAE with its own classifier (:class:`~flowerbed.models.fedfed_vae.FedFedNet`) instead of
+the FL model, which stays at its initial weights meanwhile (the code trains the FL model from
+scratch after its 15 VAE rounds). Clients train the VAE in all of them but the last, the share
+round, in which every client uploads its performance-sensitive features x_s = x − VAE(x) under
+the VAE it received (the federation's), clipped and noised as FedXDS's samples; so
+``fedxds-warmup-rounds`` = the code's VAE rounds + 1. The server pools them into D_g and the main
+rounds are FedXDS's: FedAvg on CE(local) + λ·CE(D_g). The VAE is in the checkpoint until D_g
+exists; evaluation during the VAE rounds scores the untrained FL model, which is what FedFed has
+then.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class FedFedStrategy(FedXDSStrategy):
         self._model: ArrayRecord | None = None  # the FL model, kept aside in a VAE round
 
     def initial_arrays(self, model: torch.nn.Module | None) -> ArrayRecord:
-        with torch.random.fork_rng():  # the FL model's initialisation is every method's
+        with torch.random.fork_rng(devices=[]):  # the FL model's initialisation is every method's
             torch.manual_seed(self.cfg.seed)
             self.vae = to_record(make_fedfed_net(self.cfg))
         return super().initial_arrays(model)
@@ -55,8 +57,8 @@ class FedFedStrategy(FedXDSStrategy):
                         grid: Grid) -> Iterable[Message]:
         if self.phase(server_round) != "main":  # the VAE goes out and comes back in its place
             self._model, arrays = arrays, self.vae
-        else:
-            self._model = None
+        else:  # D_g is made: neither the VAE nor the initial weights are needed any more
+            self._model = self.vae = self._initial = None
         return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
