@@ -58,7 +58,8 @@ def render() -> str:
                                   "FedSAM, FedVLS, FedMR, FedConcat (ensemble accuracy)"),
                         ("fedfew", "FedFew vs IFCA, FedSoft, CFL, FedAvg, FedProx, FedMGDA+, FedRep, Ditto, "
                                    "APFL, FedAMP, Local (personalised)"),
-                        ("fedxds", "FedXDS vs FedAvg, FedProx, SCAFFOLD, FedDyn, FedFTG, unmasked sharing"),
+                        ("fedxds", "FedXDS vs FedAvg, FedProx, SCAFFOLD, FedDyn, FedFTG, FedFed, "
+                                   "unmasked sharing"),
                         ("fedxds-100clients", "FedXDS with 100 clients"),
                         ("fedade", "Fed-ADE vs fixed learning rates, FTH, Fed-POE, ATLAS"),
                         ("fedade_bounds", "Fed-ADE vs FixLR as both learning-rate bounds scale "
@@ -141,7 +142,11 @@ def render() -> str:
                    "test acc of a model trained with it |\n|---|---|---|---|\n"
                    f"| masked (LRP, binary) | {m['inversion-ssim']:.3f} | {m['mia-auc']:.3f} | "
                    f"{_pct(m['test-accuracy'])} |\n| unmasked | {u['inversion-ssim']:.3f} | "
-                   f"{u['mia-auc']:.3f} | {_pct(u['test-accuracy'])} |\n\n{_checks(d)}")
+                   f"{u['mia-auc']:.3f} | {_pct(u['test-accuracy'])} |\n"
+                   + (f"| FedFed's x_s (decoder; VAE fixed point {f['vae-inversion-ssim']:.3f}) | "
+                      f"{f['inversion-ssim']:.3f} | {f['mia-auc']:.3f} | {_pct(f['test-accuracy'])} |\n"
+                      if (f := d.get("fedfed")) else "")
+                   + f"\n{_checks(d)}" + (f"\n\n{d['note']}" if d.get("note") else ""))
     return "\n\n".join(out)
 
 
