@@ -526,6 +526,9 @@ class Config:
                               "without global terms: fedx-global-kd=false)")
         if self.fedx_head not in ("shared", "separate"):
             raise ConfigError("fedx-head", self.fedx_head, "use shared or separate")
+        if self.fedx_head == "separate" and self.method == "fedx" and self.fedx_global != "kd":
+            raise ConfigError("fedx-head", self.fedx_head, f"'separate' serves FedX's global KD terms only, "
+                              f"which fedx-global='{self.fedx_global}' replaces: leave fedx-head at 'shared'")
         if self.fedx_head == "separate" and (self.method != "fedx" or self.fedx_base not in ("byol", "fedu")):
             raise ConfigError("fedx-head", self.fedx_head, "'separate' needs method='fedx' with "
                               "fedx-base='byol' or 'fedu' (over SimCLR and MoCo the prediction head "

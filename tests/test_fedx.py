@@ -391,6 +391,7 @@ def test_fedx_global_scaffold_corrects_each_step_in_place_of_the_global_terms():
     y, x = moved.content["arrays"][k].numpy(), start[k].numpy()
     assert not np.array_equal(y, plain.content["arrays"][k].numpy())
     # option II with c_i = 0: delta c_i = -c + (x - y) / (K lr / (1 - momentum))
+    assert client.steps == -(-len(client.train_data) // cfg.batch_size)  # every batch has >= 2 samples
     want = -0.01 + (x - y) / (client.steps * cfg.lr / (1 - cfg.momentum))
     assert np.allclose(moved.content[CV_DELTA][k].numpy(), want, atol=1e-5)
     with pytest.raises(ConfigError, match="'fedx-global' = 'scaffold'.*fedx-global-kd=false switches off"):
@@ -419,6 +420,13 @@ def test_fedx_global_scaffold_over_byol_resumes_as_an_unbroken_run(tmp_path):
         run_inprocess(rc("halt", **{"fault-crash-after": 1}), 2)
     resumed = run_inprocess(rc("halt", resume=str(tmp_path / "halt")), 2)
     assert rows("halt") == rows("full") and resumed["final-accuracy"] == full["final-accuracy"]
+    # the states that make it SCAFFOLD: a server c that moved, and c_i filed on the clients
+    from flowerbed import checkpoint
+
+    c = checkpoint.load(tmp_path / "full")["strategy"]["c"]
+    assert c and any(np.abs(v).max() > 0 for v in c.values())
+    filed = [torch.load(f, weights_only=True) for f in (tmp_path / "s").rglob("round-*.pt")]
+    assert filed and all({"scaffold.c_i", "byol.target"} <= set(f["arrays"]) for f in filed)
 
 
 def test_model_contrastive_loss_by_hand():

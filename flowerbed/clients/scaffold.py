@@ -63,7 +63,10 @@ class ScaffoldClient(SyncedStateClient):
         scale = 1.0 / (max(self.steps, 1) * effective_lr)
         new_ci, delta = {}, {}
         for k, p in model.named_parameters():
-            ci_plus = self._ci[k] - self._c[k] + (self._x[k] - p.detach()) * scale
+            # no step taken (a self-supervised client drops a last batch of one sample, so a
+            # one-sample partition trains none): no new information, c_i stays
+            ci_plus = (self._ci[k] if self.steps == 0 else
+                       self._ci[k] - self._c[k] + (self._x[k] - p.detach()) * scale)
             delta[k] = Array((ci_plus - self._ci[k]).cpu().numpy())
             new_ci[k] = Array(ci_plus.cpu().numpy())
         self.file_pending(ArrayRecord(new_ci), msg)
