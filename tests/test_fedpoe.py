@@ -73,8 +73,11 @@ def test_without_adaptation_fed_poe_is_the_pretrained_model_and_weights_move_onc
     assert len(w) == len(pool) == 12 and all(0 < x < 1 for x in w + pool)
     # step 0: every model is the pre-trained one (equal risks: 1/2 each); step 1: moved at the
     # step's first round, kept in its second
+    # (float-level: two copies of one model can score a risk a few ulps apart, seen once in CI
+    # as 0.49999997, from the CPU's matmul kernels)
     for each in (w, pool):
-        assert each[:6] == [0.5] * 6 and 0.5 not in each[6:9] and each[9:] == each[6:9]
+        assert each[:6] == pytest.approx([0.5] * 6, abs=1e-6) and each[9:] == each[6:9]
+        assert all(abs(x - 0.5) > 1e-4 for x in each[6:9])
 
 
 def test_the_pretrained_model_goes_to_a_client_until_it_holds_a_local_model():
