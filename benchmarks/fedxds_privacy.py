@@ -127,8 +127,7 @@ def main() -> None:
         source = xs
         if kind == "fedfed":  # x_s = x - VAE(x), privatised as the other rows' samples
             vae = fedfed_net(a_set, args)
-            with torch.no_grad():
-                source = torch.cat([b - vae.vae(b)[0] for b in xs.split(256)])
+            source = vae.shared_part(xs)
         shared = privatise(source, heat, sparsity=args.sparsity,
                            mask_kind="none" if kind == "fedfed" else kind, clip=10.0, sigma=args.sigma,
                            generator=torch.Generator().manual_seed(2))

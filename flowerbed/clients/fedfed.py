@@ -93,10 +93,8 @@ class FedFedClient(FedXDSClient):
 
     def privatised(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                    gen: torch.Generator) -> torch.Tensor:
-        """x_s = x − x_r of the trained VAE (eval mode: z = μ), clipped and noised, unmasked."""
-        model.eval()
-        with torch.no_grad():
-            x_s = torch.cat([b - model.vae(b)[0] for b in x.split(256)]).cpu()
+        """x_s = x − x_r of the received (the federation's) VAE, clipped and noised, unmasked."""
+        x_s = model.shared_part(x).cpu()
         norms = x_s.flatten(1).norm(dim=1)
         log.info("partition %d: FedFed's x_s, mean L2 norm %.3f (x's: %.3f), %.1f %% clipped to %g",
                  self.partition_id, float(norms.mean()), float(x.flatten(1).norm(dim=1).mean()),

@@ -74,3 +74,9 @@ class FedFedNet(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(x, x_r, μ, log σ²): the input too, for a loss of the form criterion(output, y)."""
         return (x, *self.vae(x))
+
+    @torch.no_grad()
+    def shared_part(self, x: torch.Tensor) -> torch.Tensor:
+        """x_s = x − x_r, what a client shares (eval mode: z = μ), in batches of 256."""
+        self.eval()
+        return torch.cat([b - self.vae(b)[0] for b in x.split(256)])
