@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 NUM_CLIENTS ?= 10
+# pytest-xdist workers for `make test`: much of the suite waits on engine processes (pyproject.toml)
+TEST_WORKERS ?= 2
 RUN_CONFIG ?=
 
 .PHONY: install data run test lint bench clean
@@ -33,7 +35,7 @@ run: install
 	$(VENV)/bin/flowerbed run --num-clients $(NUM_CLIENTS) $(if $(RUN_CONFIG),--run-config "$(RUN_CONFIG)")
 
 test: install
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: install
 	$(VENV)/bin/ruff check flowerbed tests benchmarks

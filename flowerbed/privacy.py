@@ -47,7 +47,10 @@ def clip_l2(x: torch.Tensor, max_norm: float) -> torch.Tensor:
 
 
 def add_noise(x: torch.Tensor, sigma: float, generator: torch.Generator) -> torch.Tensor:
-    return x + sigma * torch.randn(x.shape, generator=generator, dtype=x.dtype)
+    """x + N(0, σ²I), drawn on the generator's device (a seeded CPU draw is the same wherever x
+    lies) and added on x's (one copy of the noise to a GPU, none of x)."""
+    noise = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=generator.device)
+    return x + sigma * noise.to(x.device)
 
 
 def _opacus() -> tuple[Any, Any]:

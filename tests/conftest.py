@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -11,6 +12,16 @@ from flwr.app import Array, ArrayRecord, Error, Message, RecordDict
 from flowerbed.config import Config
 
 _ids = itertools.count(1)
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` runs 2 workers) one torch thread per worker, and per engine
+    process it starts: on 2 cores, two workers with two threads each only spin against each other."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

@@ -429,12 +429,9 @@ def rounds_of(method: str) -> int:
     return 2 if method in TWO_ROUNDS else 1
 
 
-@pytest.fixture(scope="module")
-def every_method(deployment, tmp_path_factory):
-    """Every deployed method (``rounds_of``), 8 runs at a time
+def run_every_method(deployment, out) -> dict:
+    """Every deployed method (``rounds_of``) on one deployment, 8 runs at a time
     (CPU-bound on 2 cores: 17 at a time, or two deployments, took as long)."""
-    out = tmp_path_factory.mktemp("deploy-runs")
-
     def one(method):
         rounds = rounds_of(method)
         rc = {**SMALL, **EXTRA.get(method, {}), "method": method, "output-dir": str(out),
@@ -447,17 +444,13 @@ def every_method(deployment, tmp_path_factory):
             return e
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        results = dict(zip(DEPLOYED, pool.map(one, DEPLOYED), strict=True))
-    return out, results
+        return dict(zip(DEPLOYED, pool.map(one, DEPLOYED), strict=True))
 
 
-@pytest.mark.parametrize("method", sorted(DEPLOYED))
-def test_every_method_runs_on_the_deployment_engine(every_method, method):
-    out, results = every_method
-    res = results[method]
+def check_deployed_run(out, method: str, res) -> None:
     if isinstance(res, Exception):
         log = (out / f"{method}.log").read_text(errors="replace")[-3000:]
-        pytest.fail(f"{method} failed on the deployment engine: {res}\n{log}")
+        raise AssertionError(f"failed on the deployment engine: {res}\n{log}")
     rows = read_metrics(out / method)
     rounds = rounds_of(method)
     assert [r["round"] for r in rows] == list(range(rounds + 1))
@@ -476,6 +469,20 @@ def test_every_method_runs_on_the_deployment_engine(every_method, method):
     if method in ("fedfew", "fedrep", "local"):
         assert 0 <= last["client-accuracy"] <= 1
         assert {"client-accuracy-min", "client-accuracy-max", "jain-index"} <= set(last)
+
+
+def test_every_method_runs_on_the_deployment_engine(deployment, tmp_path):
+    """One test, not one per method: under pytest-xdist's default distribution (each test to
+    whichever worker is free) a method's test on another worker would start a second deployment
+    for it. Every method's failure is reported, each with the end of its log."""
+    results = run_every_method(deployment, tmp_path)
+    failures = {}
+    for method in sorted(DEPLOYED):
+        try:
+            check_deployed_run(tmp_path, method, results[method])
+        except AssertionError as e:
+            failures[method] = f"{type(e).__name__}: {e}"
+    assert not failures, "\n\n".join(f"{m}: {why}" for m, why in failures.items())
 
 
 def terminal_signals() -> None:

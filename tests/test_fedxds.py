@@ -432,6 +432,19 @@ def test_privatise_clips_before_it_adds_the_noise():
     assert torch.allclose(out, signal + noise, atol=1e-6)
 
 
+def test_noise_is_the_seeded_cpu_draw_wherever_the_sample_lies():
+    """The noise comes from the seeded CPU generator and is added on the sample's device: on a
+    GPU, FedFed's every training step noises x_s there (it had copied x_s to the CPU and back).
+    The meta device stands in for CUDA (the CPU draw added to it raised there, as on CUDA)."""
+    from flowerbed.privacy import add_noise
+
+    out = add_noise(torch.zeros(2, 3, device="meta"), 0.5, torch.Generator().manual_seed(7))
+    assert out.device.type == "meta" and out.shape == (2, 3)
+    x = torch.ones(2, 3)
+    want = x + 0.5 * torch.randn(2, 3, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(add_noise(x, 0.5, torch.Generator().manual_seed(7)), want)
+
+
 def test_shared_labels_equal_to_the_class_count_are_refused():
     """P3: label 10 is outside fashion-mnist's 0..9 (off-by-one at the upper bound)."""
     from flowerbed.strategies.fedxds import check_shared

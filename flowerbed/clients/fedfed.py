@@ -60,7 +60,7 @@ def fedfed_loss(net: FedFedNet, cfg: Config, sigma: float, gen: torch.Generator)
 
     def criterion(out: tuple[torch.Tensor, ...], y: torch.Tensor) -> torch.Tensor:
         x, x_r, mu, logvar = out
-        noised = add_noise(clip_l2(x - x_r, cfg.fedxds_clip).cpu(), sigma, gen).to(x.device)
+        noised = add_noise(clip_l2(x - x_r, cfg.fedxds_clip), sigma, gen)
         logits = net.classifier(torch.cat([noised, x]))
         rec = ((x_r - x) * std.to(x.device)).pow(2).mean()  # in [0, 1] pixels, as the code's
         kl = -0.5 * torch.mean(1 + logvar - mu.pow(2) - logvar.exp()) / 3  # the code: sum / (B·3·z)
