@@ -15,6 +15,8 @@ from pathlib import Path
 from benchmarks.common import RESULTS, checked, kept_note, note_failures, read_result, run_main, write_result
 from flowerbed.compare import compare, markdown_table
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -26,7 +28,7 @@ def main() -> None:
     args = ap.parse_args()
     tag = args.partition.replace(":", "")
     methods = args.methods.split(",")
-    out = Path("runs") / (f"bench-foundation-{tag}" + ("-" + "-".join(methods) if args.update else ""))
+    out = ROOT / "runs" / (f"bench-foundation-{tag}" + ("-" + "-".join(methods) if args.update else ""))
     overrides = {"partition": args.partition, "num-server-rounds": args.rounds, "seed": 0}
     previous = read_result(f"foundation-{tag}") if args.update else None
     if previous and previous.get("config", overrides) != overrides:  # before the runs, not after

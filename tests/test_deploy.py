@@ -635,11 +635,20 @@ def test_run_config_strings_flwr_cannot_read_back_are_refused():
         toml_value('say "hi"')
 
 
+def children_started(pid: int, n: int) -> list[int]:
+    """Wait (up to 10 s, however loaded the machine) until ``pid`` has ``n`` live descendants."""
+    from flowerbed.engine import descendants
+
+    deadline = time.time() + 10
+    while len(descendants(pid)) < n and time.time() < deadline:
+        time.sleep(0.05)
+    return descendants(pid)
+
+
 def test_stop_group_gives_the_leaders_children_their_grace_period():
     """Once the group's leader had exited on SIGTERM, its children got SIGKILL at once (a
     ClientApp still writing its state was cut off)."""
     import subprocess
-    import time
 
     from flowerbed.engine import _group_alive, stop_group
 
@@ -647,7 +656,7 @@ def test_stop_group_gives_the_leaders_children_their_grace_period():
     script = (f"(trap 'sleep 1; touch {marker}; exit 0' TERM; sleep 30 & wait) & "
               "trap 'exit 0' TERM; sleep 30 & wait")
     leader = subprocess.Popen(["bash", "-c", script], start_new_session=True)
-    time.sleep(0.5)
+    assert len(children_started(leader.pid, 3)) == 3  # the subshell and both sleeps: the traps are set
     try:
         stop_group(leader.pid, timeout=5)
         assert os.path.exists(marker) and not _group_alive(leader.pid)  # the child finished
@@ -661,12 +670,11 @@ def test_down_stops_a_group_whose_leader_died():
     ClientApp (same process group) running, and forgot it."""
     import signal
     import subprocess
-    import time
 
     from flowerbed.engine import _group_alive
 
     leader = subprocess.Popen(["bash", "-c", "sleep 30 & wait"], start_new_session=True)
-    time.sleep(0.3)
+    assert children_started(leader.pid, 1)
     dep = deploy.Deployment(home="/nonexistent-flowerbed", insecure=True)
     dep.pids, dep.starts = {"supernode-0": leader.pid}, {"supernode-0": start_time(leader.pid)}
     os.kill(leader.pid, signal.SIGKILL)
@@ -810,14 +818,11 @@ def test_deploy_run_resumes_a_run_in_its_own_folder(tmp_path, capsys, monkeypatc
 def test_stop_group_of_a_process_that_leads_no_group_spares_the_group():
     """A review found stop_group signalled the group of any pid it was given: for a process
     that leads none, its parent's whole group (a shell job, or the launcher itself)."""
-    from flowerbed.engine import descendants, stop_group
+    from flowerbed.engine import stop_group
 
     job = subprocess.Popen(["bash", "-c", "sleep 30 & sleep 30 & wait"], start_new_session=True)
     try:
-        deadline = time.time() + 10
-        while len(descendants(job.pid)) < 2 and time.time() < deadline:
-            time.sleep(0.05)
-        first, second = descendants(job.pid)[:2]
+        first, second = children_started(job.pid, 2)[:2]
         stop_group(first, timeout=5)
         assert not _alive(first) and _alive(second) and job.poll() is None
     finally:

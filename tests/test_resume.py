@@ -194,11 +194,17 @@ def test_every_fault_kind_for_every_method(tmp_path, method):
     failed = {(row["round"], f["partition"]): f["reason"] for row in rows for f in row["failures"]}
     assert chosen <= set(failed), reasons  # every injected fault is counted and named
     # anything else may only be a client too slow for the 2 s timeout on a loaded machine
-    assert all(failed[k] == "no reply before timeout" for k in set(failed) - chosen), reasons
+    slow = "no reply before timeout"
+    assert all(failed[k] == slow for k in set(failed) - chosen), reasons
     assert summary["client-failures-total"] == len(failed), reasons
     assert all(r["clients-ok"] + r["clients-failed"] == r["clients-sampled"] for r in rows)
-    for needle in ("injected fault", "NaN", "shape", "no reply before timeout"):
-        assert needle in reasons, (needle, reasons)
+    needle = {"raise": "injected fault", "nan": "NaN", "shape": "shape", "hang": slow}
+    for r, p in chosen:  # each fault by its own reason; a faulty client that trains first (NaN,
+        # shape) may also be held past the timeout by a loaded machine (two pytest-xdist workers),
+        # one that raises or hangs never trains
+        kind = faults.kind_of(cfg, p, r)
+        assert needle[kind] in failed[r, p] or (kind in ("nan", "shape") and failed[r, p] == slow), (
+            r, p, kind, reasons)
 
 
 # ---------------------------------------------------------------------- hostile input
