@@ -3,6 +3,8 @@
 STREAM = {"fedade-rounds-per-step": 1, "fedade-batch": 20, "fedade-pretrain-epochs": 1,
           "train-samples": 2000, "min-partition-size": 6}
 
+SSL = {"probe-every": 2, "probe-epochs": 1, "local-test-fraction": 0.0, "train-samples": 300}
+
 EXTRA = {
     "fedlc": {"partition": "pathological:2"},
     "fedrs": {"partition": "pathological:2"},
@@ -15,13 +17,9 @@ EXTRA = {
     "feddf": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},
     "fedmd": {"public-fraction": 0.1, "partition": "pathological:1", "distill-epochs": 1},
     "fedct": {"public-fraction": 0.1, "partition": "pathological:1"},
-    "fedx": {"fedx-base": "simclr", "probe-every": 2, "probe-epochs": 1, "local-test-fraction": 0.0},
-    "fedsimclr": {"probe-every": 2, "probe-epochs": 1, "local-test-fraction": 0.0},
-    "fedbyol": {"probe-every": 2, "probe-epochs": 1, "local-test-fraction": 0.0},
-    "fedu": {"probe-every": 2, "probe-epochs": 1, "local-test-fraction": 0.0},
-    "fedmoco": {"probe-every": 2, "probe-epochs": 1, "local-test-fraction": 0.0},
-    "fedprotocl": {"probe-every": 2, "probe-epochs": 1, "local-test-fraction": 0.0},
-    "moon-unsup": {"probe-every": 2, "probe-epochs": 1, "local-test-fraction": 0.0},
+    # self-supervised: two augmented views per sample, the costliest local step here; 300 samples
+    "fedx": {**SSL, "fedx-base": "simclr"},
+    **{m: SSL for m in ("fedsimclr", "fedbyol", "fedu", "fedmoco", "fedprotocl", "moon-unsup")},
     # seeded noise: the resume and determinism tests compare two runs' metrics
     "fedxds": {"fedxds-warmup-rounds": 1, "fedxds-share-fraction": 0.2, "fedxds-noise": "seeded"},
     "fedfed": {"fedxds-warmup-rounds": 1, "fedxds-share-fraction": 0.2, "fedxds-noise": "seeded"},
