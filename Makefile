@@ -35,7 +35,7 @@ run: install
 	$(VENV)/bin/flowerbed run --num-clients $(NUM_CLIENTS) $(if $(RUN_CONFIG),--run-config "$(RUN_CONFIG)")
 
 test: install
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: install
 	$(VENV)/bin/ruff check flowerbed tests benchmarks

@@ -14,19 +14,6 @@ from flowerbed.config import Config
 _ids = itertools.count(1)
 
 
-# the longest files first (the every-method deployment run alone takes 5-8 minutes): `make test`
-# hands each of its two workers a file at a time in this order, so the long ones start at once and
-# the short ones fill the end (ordered by test count, as xdist would, the deployment started
-# eighth and the network-namespace file, one 80 s test, came last, with the other worker idle)
-LONGEST_FIRST = ("test_deploy.py", "test_resume.py", "test_e2e.py", "test_netns.py",
-                 "test_adding_a_method.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))  # stable within a file
-
-
 def pytest_configure(config):
     """Under pytest-xdist (`make test` runs 2 workers) one torch thread per worker, and per engine
     process it starts: on 2 cores, two workers with two threads each only spin against each other."""
