@@ -32,7 +32,7 @@ from flowerbed import certs, deploy
 from flowerbed.config import Config, ConfigError
 from flowerbed.datasets.federated import client_data, export_partitions, read_partition_dir
 from flowerbed.datasets.loading import DataError
-from flowerbed.engine import _alive, free_port, start_time
+from flowerbed.engine import _alive, descendants, free_port, start_time
 from flowerbed.registry import METHODS
 from flowerbed.results import read_metrics
 
@@ -637,8 +637,6 @@ def test_run_config_strings_flwr_cannot_read_back_are_refused():
 
 def children_started(pid: int, n: int) -> list[int]:
     """Wait (up to 10 s, however loaded the machine) until ``pid`` has ``n`` live descendants."""
-    from flowerbed.engine import descendants
-
     deadline = time.time() + 10
     while len(descendants(pid)) < n and time.time() < deadline:
         time.sleep(0.05)
