@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]  # the project: runs/, presets/, README.md
+RESULTS = ROOT / "benchmarks" / "results"
 
 
 def machine() -> dict[str, Any]:

@@ -10,13 +10,10 @@ import argparse
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from benchmarks.common import run_main, write_result
+from benchmarks.common import ROOT, run_main, write_result
 from flowerbed.config import Config
 from flowerbed.results import read_metrics
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from benchmarks.common import (
     RESULTS,
+    ROOT,
     checked,
     kept_note,
     merged_rows,
@@ -47,7 +48,6 @@ from flowerbed.config import Config, ConfigError, defaults
 from flowerbed.pretrain import pretrained
 from flowerbed.results import md_table, pct, plot_curves, time_step_curves
 
-ROOT = Path(__file__).resolve().parents[1]
 LO, HI = defaults()["fedade-lr-min"], defaults()["fedade-lr-max"]
 
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from benchmarks.common import (
+    ROOT,
     checked,
     kept_note,
     kept_splits,
@@ -34,7 +34,6 @@ from benchmarks.fedade import HI, LO, base_config, fixed
 from flowerbed.compare import compare
 from flowerbed.results import md_table, pct
 
-ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["Fed-ADE", "FixLR(low)", "FixLR(mid)", "FixLR(high)"]
 VARY = ("fedade-shift", "fedade-schedule", "fedade-lr-min", "fedade-lr-max",  # differ per row
         "fedade-pixels")

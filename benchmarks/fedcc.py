@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from benchmarks.common import (
     RESULTS,
+    ROOT,
     checked,
     kept_note,
     kept_splits,
@@ -43,7 +43,6 @@ from benchmarks.common import (
 )
 from flowerbed.compare import compare, markdown_table
 
-ROOT = Path(__file__).resolve().parents[1]
 PAPER_FEDCC = "fedcc@fedcc-ssl-epochs=20@fedcc-probe-input='black'"
 #: FedConcat's encoder stage takes the 5 rounds every method trains for; its classifier stage
 #: (3 mini-batches of a linear layer a round; the official code runs 1000 such rounds) 20 more,

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from benchmarks.common import (
     RESULTS,
+    ROOT,
     checked,
     kept_note,
     kept_splits,
@@ -42,7 +42,6 @@ from benchmarks.common import (
 from flowerbed.compare import compare, megabytes
 from flowerbed.results import md_table, pct
 
-ROOT = Path(__file__).resolve().parents[1]
 OPT_IN = {"fedfew@fedfew-distinct-init=true": "fedfew (distinct init)",  # reported alongside
           "fedfew@fedfew-server-lr=3.0": "fedfew (server lr 3)",
           "fedfew@fedfew-step='normalised'": "fedfew (normalised step)"}

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from flwr.common.config import parse_config_args
 
 from benchmarks.common import (
     RESULTS,
+    ROOT,
     checked,
     kept_note,
     machine,
@@ -43,7 +43,6 @@ from benchmarks.common import (
 from flowerbed.cli import int_in
 from flowerbed.compare import compare_seeds, seeds_table
 
-ROOT = Path(__file__).resolve().parents[1]
 BYOL, FEDX_BYOL = "fedbyol", "fedx@fedx-base='byol'"
 MOCO, FEDX_MOCO = "fedmoco", "fedx@fedx-base='moco'"
 FEDX_FEDU = "fedx@fedx-base='fedu'"

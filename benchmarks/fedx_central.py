@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import torch
 from flwr.common.config import parse_config_args
 
-from benchmarks.common import run_main, write_result
+from benchmarks.common import ROOT, run_main, write_result
 from flowerbed.cli import int_in
 from flowerbed.clients.fedsimclr import make_ssl_model
 from flowerbed.config import Config
@@ -26,8 +25,6 @@ from flowerbed.datasets.federated import test_set, train_set
 from flowerbed.losses import nt_xent
 from flowerbed.strategies.ssl import probe
 from flowerbed.training import seeded_generator, ssl_epochs
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:

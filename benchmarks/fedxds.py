@@ -20,10 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 from benchmarks.common import (
     RESULTS,
+    ROOT,
     checked,
     kept_note,
     merged_rows,
@@ -37,7 +37,6 @@ from benchmarks.common import (
 )
 from flowerbed.compare import compare, markdown_table
 
-ROOT = Path(__file__).resolve().parents[1]
 METHODS = ["fedxds", "fedxds@fedxds-mask='none'", "fedavg", "fedprox", "scaffold", "feddyn", "fedftg",
            "fedfed"]
 

@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from benchmarks.common import RESULTS, checked, kept_note, note_failures, read_result, run_main, write_result
+from benchmarks.common import (
+    RESULTS,
+    ROOT,
+    checked,
+    kept_note,
+    note_failures,
+    read_result,
+    run_main,
+    write_result,
+)
 from flowerbed.compare import compare, markdown_table
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:

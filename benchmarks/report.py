@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import re
-from pathlib import Path
 
-from benchmarks.common import RESULTS, read_result
+from benchmarks.common import RESULTS, ROOT, read_result
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = ROOT / "README.md"
 START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 GLANCE_START, GLANCE_END = "<!-- glance:start -->", "<!-- glance:end -->"  # in Known gaps
 

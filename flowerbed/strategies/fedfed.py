@@ -64,7 +64,7 @@ class FedFedStrategy(FedXDSStrategy):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         arrays, metrics = super().aggregate_train(server_round, replies)
-        if self._model is None:
+        if self.phase(server_round) == "main":  # the FL model came back
             return arrays, metrics
         if arrays is not None and not is_finite(arrays):  # valid replies, too big a step
             log.warning("round %d: FedFed's averaged VAE holds NaN or inf; it is kept unchanged",
