@@ -322,9 +322,12 @@ def progress_line(row: dict[str, Any]) -> str:
         f"{'' if row.get('fed-weight') is None else ' fed-w ' + f('fed-weight', '.3f')}"
         f"{'' if row.get('pool-weight') is None else ' pool-w ' + f('pool-weight', '.3f')}"
         f"{'' if row.get('pre-accuracy') is None else ' pre-acc ' + f('pre-accuracy', '.4f')}")
+    terms = " ".join(f"{k.removeprefix('fedx-loss-')} {v:.4f}" for k, v in row.items()
+                     if k.startswith("fedx-loss-") and v is not None)  # FedX: its loss, term by term
     return (f"[round {row['round']}/{row.get('rounds', '?')}] "
             f"acc {f('accuracy', '.4f')} loss {f('loss', '.4f')} | "
-            f"train-loss {f('train-loss', '.4f')} client-acc {f('client-accuracy', '.4f')}{stream} | "
+            f"train-loss {f('train-loss', '.4f')}{f' ({terms})' if terms else ''} "
+            f"client-acc {f('client-accuracy', '.4f')}{stream} | "
             f"clients ok {row.get('clients-ok', 0)}/{row.get('clients-sampled', 0)} | "
             f"up {size(row.get('bytes-up', 0))} down {size(row.get('bytes-down', 0))}"
             f" | {f('seconds', '.1f')} s")

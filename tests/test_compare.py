@@ -723,6 +723,9 @@ def test_progress_line_of_a_stream_and_of_a_model_not_scored_on_the_server():
     assert "| step 1 lr 5.00e-04 risk 0.3000 fed-w 0.471 pool-w 0.500 |" in poe
     assert progress_line({"round": 0, "rounds": 4}).endswith("initial model: not scored on the server")
     assert "acc 0.1000" in progress_line({"round": 0, "rounds": 4, "accuracy": 0.1})
+    fedx = progress_line({"round": 2, "rounds": 4, "train-loss": 5.2, "fedx-loss-base": 4.0,
+                          "fedx-loss-global-contrastive": 1.2})  # FedX's loss, term by term
+    assert "train-loss 5.2000 (base 4.0000 global-contrastive 1.2000) client-acc -" in fedx
 
 
 def test_time_step_curves_put_both_accuracies_at_their_step():

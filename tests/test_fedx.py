@@ -221,6 +221,23 @@ def test_fedx_global_copy_is_frozen_and_local_model_learns():
     assert model.backbone.conv1.weight.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("extra,terms", [
+    ({}, {"base", "local-relational", "global-contrastive", "global-relational"}),
+    ({"fedx-global": "prox"}, {"base", "local-relational", "prox"}),
+    ({"fedx-local-kd": False, "fedx-global-kd": False}, {"base"})])
+def test_fedx_reports_each_loss_term(extra, terms):
+    """Each term's mean over the round's steps is in the reply's metrics; they add up to the
+    round's loss (one batch of the whole partition per epoch here: a per-step mean is then the
+    per-sample mean)."""
+    client, _, msg, _ = make_client("fedx", **{"train-samples": 200, "batch-size": 256,
+                                               "local-epochs": 2, **extra})
+    m = client.train(msg).content["metrics"]
+    got = {k.removeprefix("fedx-loss-"): v for k, v in m.items() if k.startswith("fedx-loss-")}
+    assert set(got) == terms and client.steps == 2
+    assert sum(got.values()) == pytest.approx(m["train-loss"], rel=1e-5)
+    assert got["base"] > 0
+
+
 def test_fedx_separate_head_over_byol_takes_the_global_terms():
     """fedx-head='separate': FedX's global terms go through a head of its own, not BYOL's
     predictor (which BYOL's loss still trains); it only makes sense over BYOL."""

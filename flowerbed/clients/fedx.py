@@ -16,7 +16,10 @@ the control variates kept and exchanged as SCAFFOLD's (``clients/scaffold.py``).
 comes from BYOL's predictor (``fedx-head='shared'``) or from a
 prediction head of FedX's own (``'separate'``: the paper's "additional prediction head"). JS is
 :func:`flowerbed.losses.relational_loss` in the ``fedx-relational`` form. All weights are 1, as
-in the official code.
+in the official code. Each term's mean over the round's steps goes into the client's metrics
+(``fedx-loss-base``, ``-local-relational``, ``-global-contrastive``, ``-global-relational``,
+``-prox``), and so into ``metrics.jsonl`` and the round's progress line, weighted over clients as
+``train-loss`` is: where a run's loss goes, term by term.
 """
 
 from __future__ import annotations
@@ -48,15 +51,17 @@ class FedXMixin:
         if self.cfg.fedx_global_kd and self.cfg.fedx_global == "kd":
             self.global_model = copy.deepcopy(model).eval()
             self.global_model.requires_grad_(False)
+        self.terms: dict[str, float] = {}  # each loss term's sum over the round's steps
+        self.term_steps = 0
 
     def loss(self, model, v, x1, x2, xr):
         cfg = self.cfg
-        total = super().loss(model, v, x1, x2, xr)
+        terms = {"base": super().loss(model, v, x1, x2, xr)}
         if cfg.fedx_local_kd:
-            total = total + relational_loss(v["z1"], v["z2"], v["zr"], cfg.ssl_tau,
-                                            cfg.fedx_tau_local, cfg.fedx_relational)
+            terms["local-relational"] = relational_loss(v["z1"], v["z2"], v["zr"], cfg.ssl_tau,
+                                                        cfg.fedx_tau_local, cfg.fedx_relational)
         if cfg.fedx_global_kd and self.prox is not None:
-            total = total + self.prox(model)
+            terms["prox"] = self.prox(model)
         elif self.global_model is not None:
             with torch.no_grad():
                 _, zg, _ = self.global_model(torch.cat([x2, xr]))
@@ -64,9 +69,17 @@ class FedXMixin:
             # through the prediction head: BYOL's predictor, or FedX's own (fedx-head='separate')
             p1, p2 = ((model.kd_head(v["z1"]), model.kd_head(v["z2"])) if model.kd_head is not None
                       else (v["p1"], v["p2"]))
-            total = total + nt_xent(p1, zg2, cfg.ssl_tau) + relational_loss(
-                p1, p2, zgr, cfg.ssl_tau, cfg.fedx_tau_target, cfg.fedx_relational)
-        return total
+            terms["global-contrastive"] = nt_xent(p1, zg2, cfg.ssl_tau)
+            terms["global-relational"] = relational_loss(p1, p2, zgr, cfg.ssl_tau,
+                                                         cfg.fedx_tau_target, cfg.fedx_relational)
+        self.term_steps += 1
+        for name, value in terms.items():
+            self.terms[name] = self.terms.get(name, 0.0) + float(value.detach())
+        return sum(terms.values())
+
+    def finish(self, model: SSLNet) -> dict[str, float]:
+        steps = max(self.term_steps, 1)
+        return {**super().finish(model), **{f"fedx-loss-{k}": v / steps for k, v in self.terms.items()}}
 
 
 class FedXSimCLRClient(FedXMixin, SimCLRClient):
