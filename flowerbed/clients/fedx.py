@@ -75,10 +75,7 @@ class FedXMixin:
         self.term_steps += 1
         for name, value in terms.items():
             self.terms[name] = self.terms.get(name, 0.0) + float(value.detach())
-        total = terms["base"] + terms.get("local-relational", 0.0) + terms.get("prox", 0.0)
-        if "global-contrastive" in terms:  # summed in the order the runs before these metrics had
-            total = total + (terms["global-contrastive"] + terms["global-relational"])
-        return total
+        return sum(terms.values())  # left to right, as before these metrics: the same value
 
     def finish(self, model: SSLNet) -> dict[str, float]:
         steps = max(self.term_steps, 1)
