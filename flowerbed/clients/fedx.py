@@ -16,10 +16,10 @@ the control variates kept and exchanged as SCAFFOLD's (``clients/scaffold.py``).
 comes from BYOL's predictor (``fedx-head='shared'``) or from a
 prediction head of FedX's own (``'separate'``: the paper's "additional prediction head"). JS is
 :func:`flowerbed.losses.relational_loss` in the ``fedx-relational`` form. All weights are 1, as
-in the official code. Each term's mean over the round's steps goes into the client's metrics
-(``fedx-loss-base``, ``-local-relational``, ``-global-contrastive``, ``-global-relational``,
-``-prox``), and so into ``metrics.jsonl`` and the round's progress line, weighted over clients as
-``train-loss`` is: where a run's loss goes, term by term.
+in the official code. Each term's mean over the round's samples, as ``train-loss``'s, goes into
+the client's metrics (``fedx-loss-base``, ``-local-relational``, ``-global-contrastive``,
+``-global-relational``, ``-prox``), and so into ``metrics.jsonl`` and the round's progress line,
+weighted over clients as ``train-loss`` is: where a run's loss goes, term by term.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ class FedXMixin:
         if self.cfg.fedx_global_kd and self.cfg.fedx_global == "kd":
             self.global_model = copy.deepcopy(model).eval()
             self.global_model.requires_grad_(False)
-        self.terms: dict[str, float] = {}  # each loss term's sum over the round's steps
-        self.term_steps = 0
+        self.terms: dict[str, float] = {}  # each loss term's sum over the round's samples
+        self.term_samples = 0
 
     def loss(self, model, v, x1, x2, xr):
         cfg = self.cfg
@@ -72,14 +72,16 @@ class FedXMixin:
             terms["global-contrastive"] = nt_xent(p1, zg2, cfg.ssl_tau)
             terms["global-relational"] = relational_loss(p1, p2, zgr, cfg.ssl_tau,
                                                          cfg.fedx_tau_target, cfg.fedx_relational)
-        self.term_steps += 1
-        for name, value in terms.items():
-            self.terms[name] = self.terms.get(name, 0.0) + float(value.detach())
+        n = len(x1)  # weighted by the batch's samples, as train-loss is
+        self.term_samples += n
+        values = torch.stack([v.detach() for v in terms.values()]).tolist()  # one device sync
+        for name, value in zip(terms, values, strict=True):
+            self.terms[name] = self.terms.get(name, 0.0) + value * n
         return sum(terms.values())  # left to right, as before these metrics: the same value
 
     def finish(self, model: SSLNet) -> dict[str, float]:
-        steps = max(self.term_steps, 1)
-        return {**super().finish(model), **{f"fedx-loss-{k}": v / steps for k, v in self.terms.items()}}
+        n = max(self.term_samples, 1)
+        return {**super().finish(model), **{f"fedx-loss-{k}": v / n for k, v in self.terms.items()}}
 
 
 class FedXSimCLRClient(FedXMixin, SimCLRClient):
