@@ -332,8 +332,9 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    from flowerbed.compare import failed_runs, table_of_runs
+    from flowerbed.compare import failed_runs
     from flowerbed.results import writable_folder
+    from flowerbed.run_table import table_of_runs
 
     table, out = table_of_runs([Path(p) for p in args.run_dirs],
                                writable_folder("--out", args.out) if args.out else None)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flowerbed import cli
+from flowerbed import cli, run_table
 from flowerbed import compare as cmp
 from flowerbed.config import Config, ConfigError
 
@@ -866,7 +866,7 @@ def test_table_of_runs_made_separately(tmp_path, capsys, caplog):
     assert "| fedavg | " in (seeds_out / "table.md").read_text() and (seeds_out / "accuracy.png").exists()
     for seed, run in ((0, "fedavg"), (1, "other-seed")):  # and a `compare --seeds` folder
         shutil.copytree(tmp_path / run, tmp_path / "seed-cmp" / f"seed-{seed}" / "fedavg")
-    table, _ = cmp.table_of_runs([tmp_path / "seed-cmp"], tmp_path / "seed-cmp-table")
+    table, _ = run_table.table_of_runs([tmp_path / "seed-cmp"], tmp_path / "seed-cmp-table")
     assert json.loads((tmp_path / "seed-cmp-table" / "results.json").read_text())["seeds"] == [0, 1]
     capsys.readouterr()
     # ... but every method on the same seeds, one run each; refused with nothing written
@@ -883,7 +883,7 @@ def test_table_of_runs_made_separately(tmp_path, capsys, caplog):
     (tmp_path / "other-seed" / "config.json").unlink()  # (not a run any more)
     (tmp_path / "link").symlink_to(tmp_path / "fedavg")  # a run linked twice is one row
     (tmp_path / "prox-run" / "summary.json").unlink()
-    table, _ = cmp.table_of_runs([tmp_path], out)
+    table, _ = run_table.table_of_runs([tmp_path], out)
     assert "| prox-run (fedprox) | failed |" in table and table.count("| fedavg | ") == 1
     assert cli.main(["table", str(tmp_path), "--out", str(out)]) == 1  # a row failed: as compare
     assert "1 run(s) did not finish or cannot be read: prox-run (fedprox)" in caplog.text
@@ -899,14 +899,14 @@ def test_table_of_runs_made_separately(tmp_path, capsys, caplog):
     cfg = tmp_path / "two" / "b" / "seed-0" / "fedavg" / "config.json"
     cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "num-server-rounds": 2}))
     runs = [tmp_path / "two" / p for p in ("a/seed-0/fedavg", "b/seed-0/fedavg", "fedavg@home")]
-    table, _ = cmp.table_of_runs(runs, tmp_path / "two-table")
+    table, _ = run_table.table_of_runs(runs, tmp_path / "two-table")
     rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| ")][1:]
     assert rows == ["| a/seed-0/fedavg", "| b/seed-0/fedavg", "| fedavg@home"]
     assert "each run's own number of rounds" in table and "num-server-rounds (" in table
     assert "different software" not in table  # one machine: said only where they differ
     other = {"torch": "9.9", "flwr": "1.42.0"}  # as from another machine
     cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "software": other}))
-    table, _ = cmp.table_of_runs(runs, tmp_path / "two-table")
+    table, _ = run_table.table_of_runs(runs, tmp_path / "two-table")
     assert "The runs ran on different software: " in table and "b/seed-0/fedavg: torch 9.9" in table
     assert cli.main(["table", *map(str, runs[:2]), "--out", str(runs[0] / "t")]) == 2
     assert "inside one" in capsys.readouterr().err
@@ -981,7 +981,7 @@ def test_table_over_seeds_groups_by_what_each_method_reads(tmp_path, capsys):
     counted as runs; a seed plus another split key was refused naming the seed; a config
     without a seed was a traceback."""
     def table(*runs: Path) -> str:
-        return cmp.table_of_runs(list(runs), tmp_path / f"t{len(list(tmp_path.glob('t*')))}")[0]
+        return run_table.table_of_runs(list(runs), tmp_path / f"t{len(list(tmp_path.glob('t*')))}")[0]
 
     a = fake_run(tmp_path, "a", method="fedavg")
     b = fake_run(tmp_path, "b", method="fedavg", **{"local-test-fraction": 0.3, "local-epochs": 3})

@@ -190,7 +190,7 @@ def test_a_run_on_exported_folders_records_their_split(tmp_path, caplog):
 
     from inprocess import run_inprocess
 
-    from flowerbed import compare, faults
+    from flowerbed import faults, run_table
     from flowerbed.apps.server_app import client_data
 
     export = Config.from_run_config({"train-samples": 600, "partition": "iid", "seed": 3})
@@ -210,8 +210,8 @@ def test_a_run_on_exported_folders_records_their_split(tmp_path, caplog):
     run_inprocess({**base, "run-name": "seeded"}, 3)
     assert json.loads((tmp_path / "seeded" / "config.json").read_text())["client-data"] is None
     with pytest.raises(ConfigError, match="not on the same data: their client-data differs"):
-        compare.table_of_runs([tmp_path / "own", tmp_path / "seeded"], tmp_path / "t")
-    table, _ = compare.table_of_runs([tmp_path / "own"], tmp_path / "t1")
+        run_table.table_of_runs([tmp_path / "own", tmp_path / "seeded"], tmp_path / "t")
+    table, _ = run_table.table_of_runs([tmp_path / "own"], tmp_path / "t1")
     assert ("3 of the 3 clients read their own data folders, exported with local-test-fraction 0.1, "
             "partition 'iid', public-fraction 0.0, seed 3, train-samples 600; the header's") in table
     # another seed's run on its seed's export: a table over seeds (the exports' seed left out)
@@ -220,13 +220,13 @@ def test_a_run_on_exported_folders_records_their_split(tmp_path, caplog):
     config.update({"seed": 1, "client-data": {**config["client-data"],
                                               "exported-with": {**exported, "seed": 4}}})
     (other / "config.json").write_text(json.dumps(config))
-    table, _ = compare.table_of_runs([tmp_path / "own", other], tmp_path / "t2")
+    table, _ = run_table.table_of_runs([tmp_path / "own", other], tmp_path / "t2")
     assert "seeds 0, 1 (mean ± sample std over seeds)" in table and "exported with local-test-fraction " \
         "0.1, partition 'iid', public-fraction 0.0, train-samples 600;" in table
     config["seed"] = 0  # the same run seed on another export: other data
     (other / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="their client-data differs"):
-        compare.table_of_runs([tmp_path / "own", other], tmp_path / "t3")
+        run_table.table_of_runs([tmp_path / "own", other], tmp_path / "t3")
     # seeds whose exports cross between methods (a review): seed 0's column on two exports
     for name, seed, export_seed in (("b0", 0, 4), ("b1", 1, 3)):
         shutil.copytree(tmp_path / "own", tmp_path / name)
@@ -236,7 +236,7 @@ def test_a_run_on_exported_folders_records_their_split(tmp_path, caplog):
                                               "exported-with": {**exported, "seed": 4}}})
     (other / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="their client-data differs"):
-        compare.table_of_runs([tmp_path / "own", other, tmp_path / "b0", tmp_path / "b1"], tmp_path / "t4")
+        run_table.table_of_runs([tmp_path / "own", other, tmp_path / "b0", tmp_path / "b1"], tmp_path / "t4")
     # a resume must read the data the run started on
     crash = {**base, "run-name": "halt", "num-server-rounds": 2, "fault-crash-after": 1}
     with pytest.raises(faults.SimulatedCrash):
