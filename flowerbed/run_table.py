@@ -83,7 +83,7 @@ def _summary(d: Path) -> dict[str, Any]:
 def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path]:
     """A comparison's table and plots from runs made separately (``flowerbed run``, ``deploy
     run``, plain ``flwr run``, other comparisons): ``<out>/results.json``, ``table.md``,
-    ``accuracy.png`` (and ``client-accuracy.png``), as :func:`compare` writes them (``out``:
+    ``accuracy.png`` (and ``client-accuracy.png``), as :func:`flowerbed.compare.compare` writes them (``out``:
     default ``runs/table-<time>``). Runs that do not share their data (:data:`SPLIT_KEYS`; a key
     a run's config lacks, written by older code, is not compared, but one without ``client-data``
     counts as on the seeded split) are refused, naming the key;
