@@ -83,10 +83,10 @@ def _summary(d: Path) -> dict[str, Any]:
 def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path]:
     """A comparison's table and plots from runs made separately (``flowerbed run``, ``deploy
     run``, plain ``flwr run``, other comparisons): ``<out>/results.json``, ``table.md``,
-    ``accuracy.png`` (and ``client-accuracy.png``), as :func:`flowerbed.compare.compare` writes them (``out``:
-    default ``runs/table-<time>``). Runs that do not share their data (:data:`SPLIT_KEYS`; a key
-    a run's config lacks, written by older code, is not compared, but one without ``client-data``
-    counts as on the seeded split) are refused, naming the key;
+    ``accuracy.png`` (and ``client-accuracy.png``), as :func:`flowerbed.compare.compare` writes
+    them (``out``: default ``runs/table-<time>``). Runs that do not share their data
+    (:data:`SPLIT_KEYS`; a key a run's config lacks, written by older code, is not compared, but
+    one without ``client-data`` counts as on the seeded split) are refused, naming the key;
     other settings that differ are listed under the table. Runs that differ in their seed alone
     are a table over seeds, as ``compare --seeds`` writes it (every method on the same seeds).
     A run without ``summary.json`` did not finish: its row says failed. Returns the markdown
