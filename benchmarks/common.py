@@ -11,7 +11,9 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]  # the project: runs/, presets/, README.md
+from flowerbed.engine import PROJECT
+
+ROOT = PROJECT  # the project: runs/, presets/, README.md
 RESULTS = ROOT / "benchmarks" / "results"
 
 
