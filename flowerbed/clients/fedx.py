@@ -51,7 +51,8 @@ class FedXMixin:
         if self.cfg.fedx_global_kd and self.cfg.fedx_global == "kd":
             self.global_model = copy.deepcopy(model).eval()
             self.global_model.requires_grad_(False)
-        self.terms: dict[str, float] = {}  # each loss term's sum over the round's samples
+        self.term_names: list[str] = []
+        self.term_sums: torch.Tensor | None = None  # each term's sum over the round's samples
         self.term_samples = 0
 
     def loss(self, model, v, x1, x2, xr):
@@ -72,16 +73,18 @@ class FedXMixin:
             terms["global-contrastive"] = nt_xent(p1, zg2, cfg.ssl_tau)
             terms["global-relational"] = relational_loss(p1, p2, zgr, cfg.ssl_tau,
                                                          cfg.fedx_tau_target, cfg.fedx_relational)
-        n = len(x1)  # weighted by the batch's samples, as train-loss is
-        self.term_samples += n
-        values = torch.stack([v.detach() for v in terms.values()]).tolist()  # one device sync
-        for name, value in zip(terms, values, strict=True):
-            self.terms[name] = self.terms.get(name, 0.0) + value * n
+        # weighted by the batch's samples, as train-loss is; summed on the device, read in finish()
+        # (a read here would wait for the forward pass before backward could be queued)
+        n = len(x1)
+        step = torch.stack([v.detach() for v in terms.values()]).double() * n
+        self.term_sums = step if self.term_sums is None else self.term_sums + step
+        self.term_names, self.term_samples = list(terms), self.term_samples + n
         return sum(terms.values())  # left to right, as before these metrics: the same value
 
     def finish(self, model: SSLNet) -> dict[str, float]:
-        n = max(self.term_samples, 1)
-        return {**super().finish(model), **{f"fedx-loss-{k}": v / n for k, v in self.terms.items()}}
+        means = [] if self.term_sums is None else (self.term_sums / self.term_samples).tolist()
+        return {**super().finish(model),
+                **{f"fedx-loss-{k}": v for k, v in zip(self.term_names, means, strict=True)}}
 
 
 class FedXSimCLRClient(FedXMixin, SimCLRClient):
