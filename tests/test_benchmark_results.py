@@ -137,11 +137,20 @@ def test_seeds_table_reads_summaries_read_back_from_json():
 def test_readme_blocks_are_rendered_from_the_results():
     """The README's "Measured" section and the checks at a glance in "Known gaps" are what
     benchmarks.report renders from benchmarks/results: no figure there is typed by hand or stale."""
-    from benchmarks.report import GLANCE_START, README, START, write_readme
+    import re
+
+    from benchmarks.report import GLANCE_START, README, RUNS, START, _anchor, render_runs, write_readme
 
     readme = README.read_text()
     assert START in readme and GLANCE_START in readme
     assert write_readme(readme) == readme, "run: .venv/bin/python -m benchmarks.report --write-readme"
+    # the notes moved out of the README (a 10,000-character paragraph under a table) are there too,
+    # and every link into them lands on a heading
+    runs = RUNS.read_text()
+    assert runs == render_runs(), "run: .venv/bin/python -m benchmarks.report --write-readme"
+    links = re.findall(r"\(docs/benchmark-runs\.md#([^)]+)\)", readme)
+    headings = {_anchor(h) for h in re.findall(r"^## (.+)$", runs, flags=re.M)}
+    assert len(links) >= 8 and set(links) <= headings
 
 
 def test_glance_statuses_follow_the_checks(monkeypatch):
