@@ -70,6 +70,32 @@ def train_messages(strategy, rnd: int, arrays, grid) -> list[Message]:
     return msgs
 
 
+class StreamClient:
+    """A stream method's (Fed-ADE, Fed-POE, ATLAS) server half and the client of partition 1 of
+    3 on node 2, called directly: ``train(rnd)`` hands the client round ``rnd``'s message."""
+
+    def __init__(self, run_config: dict) -> None:
+        from flwr.app import Context
+
+        from flowerbed.registry import METHODS
+
+        self.cfg = Config.from_run_config(run_config)
+        self.strategy = METHODS[self.cfg.method].strategy(self.cfg)
+        self.arrays = self.strategy.initial_arrays(None)
+        self.ctx = Context(run_id=1, node_id=2, node_config={"partition-id": 1, "num-partitions": 3},
+                           state=RecordDict(), run_config=self.cfg.to_run_config())
+        self.client = METHODS[self.cfg.method].client(self.cfg, self.ctx)
+
+    def message(self, rnd: int) -> Message:
+        from flwr.app import ConfigRecord
+
+        content = self.strategy.train_content(rnd, self.arrays, ConfigRecord({"server-round": rnd}))
+        return sent(2, self.strategy.content_for(2, content))
+
+    def train(self, rnd: int) -> Message:
+        return self.client.train(self.message(rnd))
+
+
 class FakeGrid:
     """The one Grid call sampling makes: which nodes are connected."""
 

@@ -93,3 +93,21 @@ def test_a_diverged_base_is_left_out_of_either_combination_and_a_mixture_evaluat
     mix = Mixture(parts, np.zeros(2)).eval()
     assert not any(p.training for p in parts)
     assert not any(p.training for p in mix.train().eval().parts) and mix.train().parts[0].training
+
+
+def test_a_diverged_base_leaves_the_risk_to_the_others():
+    """From a review: once one base's risk was NaN (it keeps adapting from NaN parameters), the
+    client reported a risk of 0.0 in every later round, a perfect score pulling the mean down."""
+    from conftest import StreamClient
+
+    from flowerbed.clients.atlas import BASE
+
+    run = StreamClient({"method": "atlas", "train-samples": 2000, "num-server-rounds": 4,
+                        **EXTRA["atlas"], "fedade-rounds-per-step": 2, "fedade-batch": 20,
+                        "partition": "dirichlet:0.5", "min-partition-size": 6})
+    run.train(1)
+    base = run.ctx.state[f"{BASE}0"]
+    key = next(k for k in base if base[k].numpy().dtype.kind == "f")
+    base[key] = type(base[key])(np.full_like(base[key].numpy(), np.nan))
+    m = run.train(3).content["metrics"]
+    assert np.isfinite(m["risk"]) and m["risk"] > 0

@@ -14,7 +14,7 @@ from flowerbed.clients.fedade import bbse_weights, lr_from
 from flowerbed.config import Config
 from flowerbed.datasets.streams import client_batch, client_weight, corrupt, schedule, severity
 from flowerbed.registry import METHODS
-from tests.conftest import sent
+from tests.conftest import StreamClient, sent
 
 
 def test_schedules_at_known_steps():
@@ -117,14 +117,10 @@ def test_estimators_on_constructed_inputs():
                                    {"fedade-sync": False, "fedade-unc": "hist", "fedade-rep-ref": "ema"},
                                    {"fedade-pixels": "raw", "fedade-risk": "bbse"}])
 def test_client_round_uploads_shared_layers_only(extra):
-    from flowerbed.strategies.fedade import FedADEStrategy
 
     cfg = Config.from_run_config({**SMALL, **extra})
-    strategy = FedADEStrategy(cfg)
-    arrays = strategy.initial_arrays(None)
-    ctx = Context(run_id=1, node_id=2, node_config={"partition-id": 1, "num-partitions": 3},
-                  state=RecordDict(), run_config=cfg.to_run_config())
-    client = METHODS["fedade"].client(cfg, ctx)
+    run = StreamClient(cfg.to_run_config())
+    strategy, arrays, ctx, client = run.strategy, run.arrays, run.ctx, run.client
     content = strategy.train_content(1, arrays, ConfigRecord({"server-round": 1}))
     out = client.train(sent(2, content))
     assert not any(k.startswith(("fc1.", "fc2.")) for k in out.content["arrays"])
@@ -138,16 +134,12 @@ def test_client_round_uploads_shared_layers_only(extra):
 def test_local_only_adaptation_shares_nothing(sync):
     """fedade-sync=false: the server keeps sending the pre-trained model, so a client that has
     not adapted yet does not receive the others' adapted shared layers."""
-    from flowerbed.strategies.fedade import FedADEStrategy
     from tests.conftest import reply
 
     cfg = Config.from_run_config({**SMALL, "fedade-sync": sync, "min-clients": 1,
                                   "fedade-lr-mode": "fixed", "fedade-fixed-lr": 0.1})
-    strategy = FedADEStrategy(cfg)
-    arrays = strategy.initial_arrays(None)
-    ctx = Context(run_id=1, node_id=2, node_config={"partition-id": 1, "num-partitions": 3},
-                  state=RecordDict(), run_config=cfg.to_run_config())
-    client = METHODS["fedade"].client(cfg, ctx)
+    run = StreamClient(cfg.to_run_config())
+    strategy, arrays, client = run.strategy, run.arrays, run.client
     msg = sent(2, strategy.train_content(1, arrays, ConfigRecord({"server-round": 1})))
     strategy.node_of[1], strategy.partition_of[2], strategy.num_partitions = 2, 1, 3
     strategy._sent, strategy._reference = [msg], arrays
@@ -177,15 +169,11 @@ def test_online_accuracy_does_not_need_a_local_test_split(tmp_path):
 def test_predict_then_update_scores_the_next_batch_before_adapting():
     """A step's evaluation also predicts the next step's batch with the model the client starts
     that step with; the server records it, pooled, in the next step's first round."""
-    from flowerbed.strategies.fedade import FedADEStrategy
     from tests.conftest import reply
 
     cfg = Config.from_run_config({**SMALL, "fedade-lr-mode": "none", "min-clients": 1})
-    strategy = FedADEStrategy(cfg)
-    arrays = strategy.initial_arrays(None)
-    ctx = Context(run_id=1, node_id=2, node_config={"partition-id": 1, "num-partitions": 3},
-                  state=RecordDict(), run_config=cfg.to_run_config())
-    client = METHODS["fedade"].client(cfg, ctx)
+    run = StreamClient(cfg.to_run_config())
+    strategy, arrays, client = run.strategy, run.arrays, run.client
 
     def evaluate(step):
         content = strategy.eval_content(arrays)
@@ -409,7 +397,6 @@ def test_fth_weights_are_the_mean_bbse_estimate_of_the_past_steps():
 
 def test_fth_runs_on_a_fixed_model_and_scores_with_reweighted_predictions():
     from flowerbed.config import ConfigError
-    from flowerbed.strategies.fedade import FedADEStrategy
 
     with pytest.raises(ConfigError, match="'fedade-correction' = 'fth'.*fedade-lr-mode='none'"):
         Config.from_run_config({**SMALL, "fedade-correction": "fth"})
@@ -417,11 +404,8 @@ def test_fth_runs_on_a_fixed_model_and_scores_with_reweighted_predictions():
     Config.from_run_config({"method": "fedavg", "fedade-correction": "fth"})
     cfg = Config.from_run_config({**SMALL, "fedade-lr-mode": "none", "fedade-correction": "fth",
                                   "num-server-rounds": 6})
-    strategy = FedADEStrategy(cfg)
-    arrays = strategy.initial_arrays(None)
-    ctx = Context(run_id=1, node_id=2, node_config={"partition-id": 1, "num-partitions": 3},
-                  state=RecordDict(), run_config=cfg.to_run_config())
-    client = METHODS["fedade"].client(cfg, ctx)
+    run = StreamClient(cfg.to_run_config())
+    strategy, arrays, client = run.strategy, run.arrays, run.client
     content = strategy.eval_content(arrays)
     assert set(content["bbse"]) == {"confusion"}  # what FTH needs, in every evaluation message
     content["config"] = ConfigRecord({"server-round": 4, "fedade-step": 1})

@@ -101,3 +101,26 @@ def test_the_pretrained_model_goes_to_a_client_until_it_holds_a_local_model():
     assert strategy.content_for(10, content)["arrays"] is content["arrays"]  # the whole model, as sent
     strategy._check_and_log_replies([error_reply(sent[0])], True, False)
     assert PRETRAINED in strategy.content_for(10, content)
+
+
+def test_a_diverged_local_model_loses_its_weight_not_the_federated_models():
+    """From a review: a local model gone NaN made the first-level mixture's loss NaN at the next
+    Hedge update, which took c (local and federated mixed) to weight 0 for good, so the client
+    predicted with the pre-trained model alone; its evaluation's loss was NaN (reply refused)."""
+    from conftest import StreamClient
+
+    from flowerbed.clients.fedpoe import HEDGE, LOCAL
+
+    run = StreamClient({"method": "fedpoe", "train-samples": 2000, "num-server-rounds": 4,
+                        **EXTRA["fedpoe"], "fedade-rounds-per-step": 2, "fedade-batch": 20,
+                        "partition": "dirichlet:0.5", "min-partition-size": 6, "fedade-fixed-lr": 1e-3})
+    run.train(1)  # step 0: the client now holds its local model
+    local = run.ctx.state[LOCAL]
+    key = next(k for k in local if local[k].numpy().dtype.kind == "f")
+    local[key] = type(local[key])(np.full_like(local[key].numpy(), np.nan))
+    m = run.train(3).content["metrics"]  # step 1: its Hedge update
+    log_w = run.ctx.state[HEDGE]["log_w"].numpy()
+    assert log_w[0] == -np.inf and np.isfinite(log_w[1:]).all(), log_w
+    assert m["fed-weight"] == 1.0 and 0 < m["pool-weight"] < 1
+    ev = run.client.evaluate(run.message(4)).content["metrics"]
+    assert np.isfinite(ev["loss"]) and 0 <= ev["accuracy"] <= 1

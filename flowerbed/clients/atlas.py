@@ -39,7 +39,7 @@ from flwr.app import Array, ArrayRecord, Message
 from torch import nn
 
 from flowerbed.clients.fedade import FedADEClient, correct
-from flowerbed.clients.fedpoe import Mixture, hedge_step
+from flowerbed.clients.fedpoe import Mixture, hedge_step, without_diverged
 from flowerbed.training import to_record
 
 BASE, HEDGE = "atlas.base.", "atlas.hedge"
@@ -55,10 +55,6 @@ def weight_average(models: list[nn.Module], log_w: np.ndarray, into: nn.Module) 
     into.load_state_dict({**first, **{k: sum(w * s[k].double() for w, s in states).to(v.dtype)
                                       for k, v in first.items() if v.is_floating_point()}})
     return into
-
-
-def finite(model: nn.Module) -> bool:
-    return all(bool(torch.isfinite(v).all()) for v in model.state_dict().values() if v.is_floating_point())
 
 
 class ATLASClient(FedADEClient):
@@ -90,9 +86,7 @@ class ATLASClient(FedADEClient):
     def combined(self, bases: list[nn.Module], log_w: np.ndarray) -> nn.Module:
         """The bases combined by their weights; a base whose parameters are no longer finite (it
         diverged at its step size) is left out before Hedge has seen its risk."""
-        ok = np.array([finite(b) for b in bases])
-        if ok.any():
-            log_w = np.where(ok, log_w, -np.inf)
+        log_w = without_diverged(log_w, bases)
         if self.cfg.atlas_combine == "output":
             return Mixture(bases, log_w)
         return weight_average(bases, log_w, self.new_model().to(self.device))
@@ -120,7 +114,8 @@ class ATLASClient(FedADEClient):
         self.context.state[HEDGE] = ArrayRecord({"log_w": Array(log_w),
                                                  "t_n": Array(np.array([moved, n], np.int64))})
         p = np.exp(log_w) / np.exp(log_w).sum()
-        risk = float(p @ losses) if np.isfinite(losses).all() else 0.0
+        ok = np.isfinite(losses) & (p > 0)  # a diverged base's NaN risk left out, the others reweighted
+        risk = float(p[ok] @ losses[ok] / p[ok].sum()) if ok.any() else float("nan")
         metrics.update({"num-examples": len(y), "lr": float(p @ pool), "top-weight": float(p.max()),
                         "time-step": t, "risk": risk})
         return self.reply(msg, metrics)  # metrics only: nothing is aggregated

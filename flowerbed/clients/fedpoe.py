@@ -61,6 +61,20 @@ def hedge_step(log_w: np.ndarray, losses: np.ndarray, eta: float) -> np.ndarray:
     return out - out.max()
 
 
+def finite(model: nn.Module) -> bool:
+    """Whether every floating-point parameter and buffer of ``model`` is finite."""
+    return all(bool(torch.isfinite(v).all()) for v in model.state_dict().values() if v.is_floating_point())
+
+
+def without_diverged(log_w: np.ndarray, models: list[nn.Module]) -> np.ndarray:
+    """``log_w`` with −inf for each model whose parameters are no longer finite (it diverged),
+    before Hedge has seen its loss: its NaN outputs would otherwise make the loss of every mixture
+    holding it NaN, and Hedge would drop that mixture, sound models and all, for good. Unchanged
+    when every model diverged."""
+    ok = np.array([finite(m) for m in models])
+    return np.where(ok, log_w, -np.inf) if ok.any() else np.asarray(log_w)
+
+
 def mixture(log_w: np.ndarray, logits: list[torch.Tensor]) -> torch.Tensor:
     """log Σ_j softmax(log_w)_j · softmax(logits_j): the mixture's log-probabilities (which are
     its own logits: a mixture can be mixed again). A model of weight 0 (log-weight −inf: Hedge
@@ -131,6 +145,7 @@ class FedPOEClient(FedADEClient):
         local, fed, pre = self.models(msg)
         x, y, t = self.batch(msg)
         log_w, moved = self.log_weights()
+        log_w[:2] = without_diverged(log_w[:2], [local, fed])
         metrics = {}
         if t == 0 and int(msg.content["config"]["fedade-round-in-step"]) == 0:
             metrics = {"pre-correct": correct(self.ensemble(local, fed, pre, log_w).eval(), x, y),
@@ -160,7 +175,10 @@ class FedPOEClient(FedADEClient):
     def evaluate(self, msg: Message) -> Message:
         """Online accuracy of the mixture on this step's batch, and (``next-correct``) on the
         next step's, before adapting to it; Fed-ADE's :meth:`FedADEClient.evaluate` otherwise."""
-        ensemble = self.ensemble(*self.models(msg), self.log_weights()[0]).eval()
+        local, fed, pre = self.models(msg)
+        log_w = self.log_weights()[0]
+        log_w[:2] = without_diverged(log_w[:2], [local, fed])
+        ensemble = self.ensemble(local, fed, pre, log_w).eval()
         x, y, t = self.batch(msg)
         with torch.no_grad():
             logp = ensemble(x)
