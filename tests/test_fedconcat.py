@@ -74,6 +74,12 @@ def test_stage_replies_the_unweighted_classifier_mean_and_a_late_client():
     assert s.cluster_of["7"] == 1
     s.on_whoami(8, ConfigRecord({"label-counts": [1.5] * 10}))  # malformed: cluster 0, with a warning
     assert "8" not in s.cluster_of and 8 not in s.shares
+    # a resumed run hears every whoami before it reads the checkpoint: a partition the run had
+    # not seen still joins the nearest cluster, not cluster 0 (from a review)
+    resumed = FedConcatStrategy(Config.from_run_config({"method": "fedconcat"}))
+    resumed.on_whoami(7, ConfigRecord({"label-counts": counts}))
+    resumed.restore_state({**s.checkpoint_state(), "cluster_of": {"0": 0}})
+    assert resumed.cluster_of == {"0": 0, "7": 1}
 
 
 def test_two_stages_in_process_with_half_the_clients_a_round(tmp_path, caplog):

@@ -91,10 +91,22 @@ class FedConcatStrategy(FlowerbedFedAvg):
             log.warning("partition %d: its whoami reply's %s: it is put in cluster 0", pid, problem)
             return
         self.shares[pid] = np.asarray(counts, np.float64) / sum(counts)
-        if self.centroids is not None and str(pid) not in self.cluster_of:
+        self.join(pid)
+
+    def join(self, pid: int) -> None:
+        """Put a partition with label shares and no cluster yet in the nearest centroid's, once
+        there are centroids."""
+        if self.centroids is not None and pid in self.shares and str(pid) not in self.cluster_of:
             cluster = int(((self.centroids - self.shares[pid]) ** 2).sum(1).argmin())
             self.cluster_of[str(pid)] = cluster
             log.info("partition %d joins cluster %d (the nearest label distribution)", pid, cluster)
+
+    def restore_state(self, state: dict) -> None:
+        """The checkpoint's clusters; a partition whose whoami came before them (a resumed run
+        asks every node first) and that the run had not seen joins the nearest one."""
+        super().restore_state(state)
+        for pid in sorted(self.shares):
+            self.join(pid)
 
     def cluster(self, initial: ArrayRecord) -> None:
         """k-means on the label distributions of every partition known so far; each cluster's
