@@ -221,6 +221,7 @@ class Config:
     ssl_tau: float
     ssl_dim: int
     ssl_head_bn: bool
+    ssl_augment: str
     byol_ema: float
     moco_momentum: float
     moco_queue: int
@@ -471,7 +472,8 @@ class Config:
                    "fedade-estimators": ("both", "unc", "rep"), "fedade-unc": ("softmax", "hist"),
                    "fedade-rep-ref": ("previous", "ema"), "fedade-risk": ("entropy", "bbse"),
                    "fedade-correction": ("none", "fth"), "atlas-combine": ("weight", "output"),
-                   "fedade-pixels": ("standardised", "raw")}
+                   "fedade-pixels": ("standardised", "raw"),
+                   "ssl-augment": ("auto", "per-sample", "batched")}
         for key, allowed in choices.items():
             if getattr(self, key.replace("-", "_")) not in allowed:
                 raise ConfigError(key, getattr(self, key.replace("-", "_")), f"use {' | '.join(allowed)}")

@@ -266,18 +266,55 @@ def test_fedx_ablations_change_the_loss():
     assert losses[(True, True)] > losses[(True, False)] > losses[(False, False)]
 
 
-def test_grey_scale_views_are_seeded_and_distort_intensity():
+@pytest.mark.parametrize("mode", ["per-sample", "batched"])
+def test_grey_scale_views_are_seeded_and_distort_intensity(mode):
     """1-channel views jitter brightness/contrast (crop + flip alone keep a uniform image as it
-    is, so two views would share their intensity histogram), and a seed fixes them."""
+    is, so two views would share their intensity histogram), and a seed fixes them; batched
+    views (kornia) draw their own crop, flip and jitter for every sample, as per-sample ones do."""
     from flowerbed.datasets.augment import Augmenter
 
-    augment, flat = Augmenter(1, 28), torch.full((64, 1, 28, 28), 128, dtype=torch.uint8)
+    augment, flat = Augmenter(1, 28, mode), torch.full((64, 1, 28, 28), 128, dtype=torch.uint8)
     torch.manual_seed(3)
     a = augment(flat)
     torch.manual_seed(3)
-    assert torch.equal(a, augment(flat)) and a.dtype == torch.uint8 and a.shape == flat.shape
+    assert torch.equal(a, augment(flat)) and a.shape == flat.shape
+    assert a.dtype == (torch.float32 if mode == "batched" else torch.uint8)
+    assert 0 <= float(a.min()) and float(a.max()) <= 255
     means = a.float().mean(dim=(1, 2, 3))
     assert (means != 128).float().mean() > 0.5 and means.std() > 5
+    # crops and flips per sample: one left-to-right ramp, 64 different views (3 channels too)
+    for c, size in ((1, 28), (3, 32)):
+        ramp = torch.arange(size, dtype=torch.uint8).mul(8).expand(64, c, size, size).contiguous()
+        views = Augmenter(c, size, mode)(ramp).float()
+        assert views.shape == ramp.shape
+        assert len({tuple(v[0, size // 2, ::4].round().tolist()) for v in views}) > 50
+        flipped = (views[:, 0, :, -1] < views[:, 0, :, 0]).all(1)  # the ramp descends
+        assert 10 < int(flipped.sum()) < 54
+
+
+def test_views_are_batched_on_a_gpu_by_default_and_per_sample_on_the_cpu():
+    """ssl-augment='auto': every CPU figure in the README was made with the per-sample views."""
+    from flowerbed.datasets.augment import Augmenter
+
+    assert not Augmenter(1, 28, "auto", torch.device("cpu")).batched
+    assert Augmenter(1, 28, "auto", torch.device("cuda")).batched  # (built without touching the GPU)
+    assert Augmenter(1, 28, "batched").batched and not Augmenter(1, 28, "per-sample").batched
+    with pytest.raises(ConfigError, match=r"'ssl-augment' = 'gpu' is invalid: use auto \| per-sample \| b"):
+        Config.from_run_config({"method": "fedx", "ssl-augment": "gpu"})
+
+
+def test_fedx_trains_on_batched_views(tmp_path, monkeypatch):
+    from inprocess import run_inprocess
+
+    from flowerbed.datasets import augment
+
+    built = []
+    monkeypatch.setattr(augment, "batched_ssl_transform",
+                        lambda *a, f=augment.batched_ssl_transform: built.append(a) or f(*a))
+    summary = run_inprocess({**SMALL, "method": "fedx", "ssl-augment": "batched", "num-server-rounds": 1,
+                             "probe-epochs": 1, "min-clients": 2, "output-dir": str(tmp_path),
+                             "run-name": "batched"}, 2)
+    assert 0.1 < summary["final-accuracy"] <= 1 and built  # (the clients' views were kornia's)
 
 
 # ------------------------------------------------ found by a mutation review (session 37)

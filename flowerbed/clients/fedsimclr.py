@@ -37,7 +37,7 @@ class SSLClient(Client):
         super().__init__(cfg, context)
         self.train_data = self.train_data.without_labels()
         c, h, _ = self.train_data.shape
-        self.augment = Augmenter(c, h)
+        self.augment = Augmenter(c, h, cfg.ssl_augment, self.device)
 
     def new_model(self) -> nn.Module:
         return make_ssl_model(self.cfg, self.train_data)
