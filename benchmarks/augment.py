@@ -17,6 +17,7 @@ import time
 import torch
 
 from benchmarks.common import run_main, write_result
+from flowerbed.cli import int_in
 from flowerbed.datasets.augment import Augmenter
 
 SHAPES = {"1x28x28 (Fashion-MNIST, MNIST)": (1, 28), "3x32x32 (CIFAR, SVHN)": (3, 32)}
@@ -38,8 +39,8 @@ def ms_per_image(augment: Augmenter, batch: torch.Tensor, repeats: int) -> float
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--batch", type=int_in(2), default=128)
+    ap.add_argument("--repeats", type=int_in(1), default=20)
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)

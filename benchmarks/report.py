@@ -40,7 +40,7 @@ BLOCKS = (("foundation-dirichlet0.5", "FedAvg / FedProx / SCAFFOLD / FedDyn / Fe
                             "(no target; the checks above use the x1 bounds)"))
 # every result with a note, in the README's order, and its title there
 TITLES = {"default_run": "`make run`", "overhead": "Flower overhead", **dict(BLOCKS),
-          "fedxds_privacy": "FedXDS privacy"}
+          "augment": "Self-supervised views", "fedxds_privacy": "FedXDS privacy"}
 
 
 def _anchor(title: str) -> str:
@@ -166,6 +166,15 @@ def render() -> str:
             checks = f"\n\n{c}" if (c := _checks(d)) else ""
             out.append(f"**{title}** (`benchmarks/{name.split('-')[0]}.py`, {d['machine']['date']})"
                        f"\n\n{d['table']}{extra}{checks}{note}")
+    if d := read_result("augment"):
+        rows = "\n".join(f"| {r['images']} | {r['per-sample-ms']:.3f} | {r['batched-device']} | "
+                         f"{r['batched-ms']:.3f} | {r['speed-up']:.1f}x |" for r in d["rows"])
+        out.append(f"**Self-supervised views** (`benchmarks/augment.py`, {d['machine']['date']}): "
+                   f"milliseconds per image to augment a batch of {d['batch']} "
+                   f"({d['threads']} CPU thread), per-sample (torchvision, the CPU runs' "
+                   "`ssl-augment`) against batched (kornia, a GPU run's default).\n\n"
+                   "| images | per-sample, CPU | batched on | batched | speed-up |\n|---|---|---|---|---|\n"
+                   + rows + (f"\n\n{link}" if (link := _runs_link("augment", d)) else ""))
     if d := read_result("fedxds_privacy"):
         m, u = d["masked"], d["unmasked"]
         out.append(f"**FedXDS privacy** (`benchmarks/fedxds_privacy.py`, {d['machine']['date']}): "
