@@ -89,3 +89,24 @@ def test_the_ensemble_target_the_generator_loss_and_the_diversity_by_hand():
     dz = (z[:, None] - z[None]).pow(2).mean(2)
     dx = (x.flatten(1)[:, None] - x.flatten(1)[None]).abs().mean(2)
     assert float(diversity(z, x)) == pytest.approx(float(torch.exp(-(dz * dx).mean())), rel=1e-5)
+
+
+def test_a_diverged_fine_tuning_keeps_the_mean_and_the_generator_from_before(caplog):
+    """From a review: a NaN generator was kept (and checkpointed), so every later round's
+    fine-tuning came out NaN and was refused, FedAvg's mean with it."""
+    from flwr.app import Array, ArrayRecord
+
+    from flowerbed.config import Config
+    from flowerbed.models.cnn import CNN
+    from flowerbed.strategies.fedftg import FedFTGStrategy
+
+    s = FedFTGStrategy(Config.from_run_config({"method": "fedftg", "fedftg-iterations": 1}))
+    s.model = CNN(1, 10, 28)
+    mean = s._reference = s.initial_arrays(s.model)
+    wild = ArrayRecord({k: Array(v.numpy() * 1e30 if v.numpy().dtype.kind == "f" else v.numpy())
+                        for k, v in mean.items()})  # teachers whose outputs overflow
+    counts = np.full((2, 10), 5.0)
+    out, _ = s.fine_tune(1, mean, [wild, wild], counts)
+    assert out is mean and s.generator is None and "fine-tuning diverged" in caplog.text
+    out, losses = s.fine_tune(2, mean, [mean, mean], counts)
+    assert out is not mean and s.generator is not None and all(np.isfinite(list(losses.values())))

@@ -25,6 +25,7 @@ standardised, as the models' inputs are.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import numpy as np
@@ -36,7 +37,9 @@ from torch.nn import functional as F
 from flowerbed.clients.fedftg import COUNTS
 from flowerbed.datasets.loading import IMAGE_SHAPES, NUM_CLASSES
 from flowerbed.strategies.base import FlowerbedFedAvg, cast_like, metric_record
-from flowerbed.training import load_record, pick_device, to_record
+from flowerbed.training import is_finite, load_record, pick_device, to_record
+
+log = logging.getLogger("flowerbed")
 
 WIDTH = 64  # the generator's channels (DCGAN's CIFAR generator: 128; half costs a quarter on CPU)
 
@@ -167,8 +170,15 @@ class FedFTGStrategy(FlowerbedFedAvg):
                 opt_s.step()
             losses = {k: float(v.detach()) for k, v in
                       {"ftg-cls": cls, "ftg-md": md, "ftg-div": div, "ftg-kd": kd}.items()}
-        self.generator = to_record(gen)
-        return to_record(student), losses
+        tuned, generator = to_record(student), to_record(gen)
+        if not (is_finite(tuned) and is_finite(generator)):
+            # a NaN generator kept would spoil every later round's fine-tuning (and the checkpoint)
+            log.warning("round %d: FedFTG's fine-tuning diverged (the global model or the generator "
+                        "is not finite): the round keeps FedAvg's mean, the generator its weights "
+                        "from before the round", server_round)
+            return mean, losses
+        self.generator = generator
+        return tuned, losses
 
     def generator_loss(self, cls: torch.Tensor, md: torch.Tensor, div: torch.Tensor) -> torch.Tensor:
         """L_cls − λ_md·L_md + λ_div·L_div: faithful to the teachers, hard for the global model
