@@ -33,6 +33,11 @@ def test_importance_is_each_centres_share_of_lowest_losses_with_the_floor():
     data = DataSet("fashion-mnist", torch.zeros(8, 1, 2, 2, dtype=torch.uint8), y, 4)
     u = importance([Says(0), Says(1), Says(2), Says(3)], data, torch.device("cpu"), 1e-4)
     assert u == [3 / 8, 1 / 8, 1e-4, 4 / 8]
+    broken = Says(0)
+    with torch.no_grad():
+        broken.logits.fill_(float("nan"))  # a diverged centre is no sample's lowest loss
+    u = importance([Says(0), Says(1), broken, Says(3)], data, torch.device("cpu"), 1e-4)
+    assert u == [3 / 8, 1 / 8, 1e-4, 4 / 8]
 
 
 def test_the_pull_has_the_gradient_of_the_sum_over_centres():

@@ -570,6 +570,11 @@ def test_multi_model_client_picks_the_lowest_training_loss(monkeypatch):
     k, got = ff.MultiModelClient.best_model(SimpleNamespace(train_data=None, device=None),
                                             ["a", "b", "c"])
     assert k == 1 and got == [2.0, 0.5, 1.0]
+    # a diverged model's NaN loss ranks last wherever it sits (min() took a NaN in first place)
+    for losses in ({"a": float("nan"), "b": 0.5, "c": 1.0}, {"a": 2.0, "b": float("nan"), "c": 1.0}):
+        k, _ = ff.MultiModelClient.best_model(SimpleNamespace(train_data=None, device=None),
+                                              ["a", "b", "c"])
+        assert k == (1 if losses["b"] == 0.5 else 2)
 
 
 @pytest.mark.parametrize("strategy", [FedFewStrategy, IFCAStrategy])

@@ -8,6 +8,7 @@ the client's training split, and scores model k* on its local test split.
 
 from __future__ import annotations
 
+import numpy as np
 from flwr.app import ArrayRecord, Message
 from torch import nn
 
@@ -24,9 +25,10 @@ class MultiModelClient(Client):
         return [self.model_from(msg.content[k]) for k in keys]
 
     def best_model(self, models: list[nn.Module]) -> tuple[int, list[float]]:
-        """k* = the model with the lowest mean training-split loss (eval mode), and all losses."""
+        """k* = the model with the lowest mean training-split loss (eval mode), and all losses; a
+        NaN loss (a diverged model) ranks last (Python's min kept a NaN in first place)."""
         losses = [evaluate(m, self.train_data, self.device)[0] for m in models]
-        return min(range(len(models)), key=losses.__getitem__), losses
+        return int(np.argmin(np.nan_to_num(losses, nan=np.inf))), losses
 
     def evaluate(self, msg: Message) -> Message:
         models = self.models_from(msg)

@@ -36,7 +36,8 @@ def importance(centres: list[nn.Module], data, device: torch.device, sigma: floa
     where no sample's is)."""
     losses = torch.stack([F.cross_entropy(predict(c, data, device, probabilities=False), data.y,
                                           reduction="none") for c in centres])  # [S, n]
-    counts = torch.bincount(losses.argmin(0), minlength=len(centres)).tolist()
+    # a NaN loss (a diverged centre) is no sample's lowest (argmin takes NaN for the minimum)
+    counts = torch.bincount(losses.nan_to_num(nan=torch.inf).argmin(0), minlength=len(centres)).tolist()
     return [c / len(data) if c else sigma for c in counts]
 
 
