@@ -284,6 +284,41 @@ def test_apfl_alpha_turns_nan_not_0_when_its_gradient_does():
                                          "config": ConfigRecord({"server-round": 1})})))
     assert np.isnan(out.content["metrics"]["alpha"])  # so the server refuses the reply, naming it
     assert all(np.isfinite(a.numpy()).all() for a in out.content["arrays"].values())  # w unharmed
+    # from a review: v and alpha stayed NaN, so every later reply (and evaluation) was refused;
+    # now both are dropped, and the next round starts them afresh
+    assert PERSONAL not in ctx.state and ALPHA not in ctx.state
+    ev = apfl.evaluate(sent(4, RecordDict({"arrays": to_record(w),
+                                           "config": ConfigRecord({"server-round": 1})})))
+    assert ev.content["metrics"]["personal-model"] == 0.0 and np.isfinite(ev.content["metrics"]["loss"])
+    out = apfl.train(sent(4, RecordDict({"arrays": to_record(w),
+                                         "config": ConfigRecord({"server-round": 2})})))
+    assert np.isfinite(out.content["metrics"]["alpha"]) and PERSONAL in ctx.state
+
+
+@pytest.mark.parametrize("method", ["ditto", "fedrep", "local", "fedsoft"])
+def test_a_diverged_personal_model_is_dropped_not_kept(method, caplog):
+    """From a review: a personal model (Ditto's v, FedRep's head, Local's and FedSoft's own
+    model) that went NaN was filed and kept, so the client's replies were refused for the rest
+    of the run; now it is dropped with a warning and the client starts it afresh."""
+
+    from flowerbed.clients.base import make_model
+    from flowerbed.datasets.federated import train_set
+    from flowerbed.training import to_record
+
+    c, cfg, ctx = client_with(method)
+    key = {"ditto": "ditto.personal", "fedrep": "fedrep.head", "local": "local.model",
+           "fedsoft": "fedsoft.model"}[method]
+    model = make_model(cfg, train_set(cfg))
+    broken = {k: v for k, v in to_record(model).items() if method != "fedrep" or k.startswith("fc2.")}
+    ctx.state[key] = type(to_record(model))({k: type(v)(np.full_like(v.numpy(), np.nan))
+                                             for k, v in broken.items()})
+    arrays = to_record(model)
+    content = ({f"model.{k}": arrays for k in range(cfg.num_models)} if method == "fedsoft"
+               else {"arrays": arrays})
+    c.train(sent(4, RecordDict({**content, "config": ConfigRecord({"server-round": 1})})))
+    assert key not in ctx.state and f"its {key} diverged" in caplog.text
+    c.train(sent(4, RecordDict({**content, "config": ConfigRecord({"server-round": 2})})))
+    assert key in ctx.state and all(np.isfinite(v.numpy()).all() for v in ctx.state[key].values())
 
 
 def test_apfl_scores_the_mixture_with_the_received_model():

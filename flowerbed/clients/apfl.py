@@ -6,11 +6,12 @@ and on the same batches a personal model v whose mixture with w is what the clie
 each step with w as it is before its own step (``apfl-alpha`` is α's start, ``apfl-adaptive``
 whether it is learnt, ``apfl-alpha-lr`` its step size; v's optimiser is w's: SGD with the run's
 momentum and weight decay, new each round). A non-finite gradient makes α NaN, so the reply is
-refused and names it, rather than clipped to 0. v and α are kept in ``context.state``;
-only w is uploaded, so the server's model is FedAvg's to the bit. A client is scored with
-α v + (1 − α) w, w the received global model; one without v (not trained yet, or its state lost)
-is scored with w and says so (``personal-model`` 0). v starts as the model the client first
-trains from (w⁰ when every client trains every round).
+refused and names it, rather than clipped to 0, and v and α are dropped (``Client.keep_model``):
+the next round starts them afresh instead of refusing every later reply. v and α are kept in
+``context.state``; only w is uploaded, so the server's model is FedAvg's to the bit. A client is
+scored with α v + (1 − α) w, w the received global model; one without v (not trained yet, or its
+state lost) is scored with w and says so (``personal-model`` 0). v starts as the model the client
+first trains from (w⁰ when every client trains every round).
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ class APFLClient(Client):
             state["n"] += len(y)
 
         loss, _ = self.fit(w, msg, rnd, batch_hook=personal_step)
-        self.context.state[PERSONAL] = to_record(v)
-        self.context.state[ALPHA] = MetricRecord({"alpha": state["alpha"]})
+        if self.keep_model(PERSONAL, to_record(v), ALPHA, finite=math.isfinite(state["alpha"])):
+            self.context.state[ALPHA] = MetricRecord({"alpha": state["alpha"]})
         return self.reply(msg, {"num-examples": len(self.train_data), "train-loss": loss,
                                 "personal-train-loss": state["loss"] / max(state["n"], 1),
                                 "alpha": state["alpha"]}, arrays=to_record(w))

@@ -18,6 +18,7 @@ from flowerbed.models import build_model
 from flowerbed.training import (
     configure_threads,
     evaluate,
+    is_finite,
     load_record,
     pick_device,
     seeded_generator,
@@ -87,6 +88,22 @@ class Client:
         """The model this client keeps in ``context.state`` under ``key`` (None before it filed one)."""
         saved = self.context.state.array_records.get(key)
         return self.model_from(saved) if saved is not None else None
+
+    def keep_model(self, key: str, record: ArrayRecord, *also: str, finite: bool = True) -> bool:
+        """File a model this client keeps (``record``) in ``context.state`` under ``key``; one
+        that is no longer finite (it diverged in this round's training; ``finite`` False: some
+        other state of it did) is not filed, and what was filed under ``key`` and the keys
+        ``also`` is dropped, with a warning, so that the client starts it afresh, as before it
+        first filed one, instead of keeping a NaN model for good. This round's reply still shows
+        the divergence. Whether it was filed."""
+        if finite and is_finite(record):
+            self.context.state[key] = record
+            return True
+        for k in (key, *also):
+            self.context.state.pop(k, None)
+        log.warning("partition %d: its %s diverged (not finite after training): dropped, so it "
+                    "starts afresh next round", self.partition_id, key)
+        return False
 
     def reply(self, msg: Message, metrics: dict[str, Any], **arrays: ArrayRecord) -> Message:
         content = RecordDict({**arrays, "metrics": MetricRecord(metrics)})

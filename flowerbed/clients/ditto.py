@@ -9,7 +9,9 @@ round otherwise. A client without v (not trained yet, or its state lost) is scor
 received global model and says so: its evaluation reply's ``personal-model`` is 0, and the
 round's mean of it (``client-personal-model`` in metrics.jsonl) is the share of clients, by test
 samples, scored with their own v.
-``personal-train-loss`` is v's training objective (cross-entropy plus the proximal term).
+``personal-train-loss`` is v's training objective (cross-entropy plus the proximal term). A v
+that diverges (not finite after training) is dropped, not kept: that round's reply is refused
+(its loss is NaN), and the next round starts v afresh from the received global model.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class DittoClient(Client):
         # update below draws FedAvg's
         personal_loss, _ = self.fit(personal, msg, rnd, epochs=cfg.ditto_personal_epochs, stream=1,
                                     loss_hook=proximal(model, cfg.ditto_lambda))
-        self.context.state[STATE] = to_record(personal)
+        self.keep_model(STATE, to_record(personal))
         loss, _ = self.fit(model, msg, rnd)
         return self.reply(msg, {"num-examples": len(self.train_data), "train-loss": loss,
                                 "personal-train-loss": personal_loss}, arrays=to_record(model))

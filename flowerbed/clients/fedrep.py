@@ -36,7 +36,7 @@ class FedRepClient(Client):
         loss, _ = self.fit(model, msg, rnd * 2 + 1)
         set_trainable(model, head=True)
         record = to_record(model)
-        self.context.state[HEAD] = ArrayRecord({k: v for k, v in record.items() if is_head(k)})
+        self.keep_model(HEAD, ArrayRecord({k: v for k, v in record.items() if is_head(k)}))
         body = ArrayRecord({k: v for k, v in record.items() if not is_head(k)})
         return self.reply(msg, {"num-examples": len(self.train_data), "train-loss": loss},
                           arrays=body)

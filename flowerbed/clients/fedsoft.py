@@ -75,6 +75,6 @@ class FedSoftClient(LocalClient, MultiModelClient):
         u = self.weights(centres, rnd)
         model = self.own_model()
         loss, _ = self.fit(model, msg, rnd, loss_hook=pull(centres, u, self.cfg.fedsoft_lambda))
-        self.context.state[self.state_key] = to_record(model)
+        self.keep_model(self.state_key, to_record(model))
         return self.reply(msg, {"num-examples": len(self.train_data), "train-loss": loss,
                                 "importance": u}, arrays=to_record(model))

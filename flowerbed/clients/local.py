@@ -32,7 +32,7 @@ class LocalClient(Client):
     def train(self, msg: Message) -> Message:
         model = self.own_model()
         loss, _ = self.fit(model, msg, self.round_of(msg))
-        self.context.state[self.state_key] = to_record(model)
+        self.keep_model(self.state_key, to_record(model))
         return self.reply(msg, {"num-examples": len(self.train_data), "train-loss": loss})
 
     def evaluate(self, msg: Message) -> Message:
