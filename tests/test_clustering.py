@@ -180,7 +180,8 @@ def test_cfl_split_with_tied_distances_gives_two_nonempty_halves():
     assert m["cfl-clusters"] == 2 and sorted(s.cluster_of.values()).count(0) in (1, 2)
 
 
-def test_cfl_does_not_split_a_cluster_some_of_whose_clients_sat_the_round_out():
+def test_cfl_does_not_split_a_cluster_some_of_whose_clients_sat_the_round_out(caplog):
+    """... and says so (from a review: a run whose clusters never split looked like FedAvg's)."""
     from flowerbed.strategies.cfl import CFLStrategy
 
     s = CFLStrategy(Config.from_run_config({"method": "cfl", "min-clients": 1, "cfl-eps1": 1e6,
@@ -191,3 +192,22 @@ def test_cfl_does_not_split_a_cluster_some_of_whose_clients_sat_the_round_out():
     _, m = s.aggregate_train(1, [reply(msg, RecordDict({"arrays": rec(v), "metrics": MetricRecord(
         {"num-examples": 10, "train-loss": 0.1})})) for msg, v in zip(msgs, (1.0, -1.0, 1.1), strict=True)])
     assert m["cfl-clusters"] == 1
+    assert "cluster 0 meets the split criteria" in caplog.text
+    assert "partitions [3] did not reply" in caplog.text
+    s.check_setup(4)
+    assert "clusters rarely split" not in caplog.text
+    CFLStrategy(Config.from_run_config({"method": "cfl", "fraction-train": 0.5})).check_setup(4)
+    assert "with fraction-train=0.5 most rounds sample only some of them" in caplog.text
+
+
+def test_cfl_says_when_a_partition_new_to_the_run_joins_cluster_0(caplog):
+    from flowerbed.strategies.cfl import CFLStrategy
+
+    s = CFLStrategy(Config.from_run_config({"method": "cfl", "min-clients": 1}))
+    s._reference = rec(0.0)
+    s.cluster_of, s.cluster_models = {"0": 0, "1": 1}, {"0": rec(0.0), "1": rec(0.0)}
+    msgs = prepared(s, [100, 101, 102])
+    s.aggregate_train(7, [reply(msg, RecordDict({"arrays": rec(1.0), "metrics": MetricRecord(
+        {"num-examples": 10, "train-loss": 0.1})})) for msg in msgs])
+    assert "round 7: partition 2 trains for the first time after the clusters split" in caplog.text
+    assert "partition 0 trains" not in caplog.text and s.cluster_of["2"] == 0

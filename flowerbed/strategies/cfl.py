@@ -62,6 +62,13 @@ class CFLStrategy(PersonalStrategy):
         self.cluster_of: dict[str, int] = {}  # partition id (str) -> its cluster
         self.cluster_models: dict[str, ArrayRecord] = {}  # cluster (str) -> its model
 
+    def check_setup(self, num_partitions: int) -> None:
+        if self.cfg.fraction_train < 1:
+            log.warning("CFL splits a cluster only in a round in which every client it holds "
+                        "replied; with fraction-train=%g most rounds sample only some of them, so "
+                        "clusters rarely split (the official code trains every client every round)",
+                        self.cfg.fraction_train)
+
     def content_for(self, node: int, content: RecordDict) -> RecordDict:
         cluster = self.cluster_of.get(str(self.partition_of.get(node)), 0)
         model = self.cluster_models.get(str(cluster))  # none before round 1: the initial model
@@ -73,6 +80,10 @@ class CFLStrategy(PersonalStrategy):
         valid, mean, params = taken
         members: dict[int, list[tuple[int, Message]]] = {}
         for pid, r in zip(self.round.ok, valid, strict=True):  # both in partition order
+            if str(pid) not in self.cluster_of and len(self.cluster_models) > 1:
+                log.info("round %d: partition %d trains for the first time after the clusters split: "
+                         "it joins cluster 0 (CFL places a client by its updates within a cluster only)",
+                         server_round, pid)
             members.setdefault(self.cluster_of.get(str(pid), 0), []).append((pid, r))
         extra: dict[str, float] = {}
         for c, group in sorted(members.items()):
@@ -85,9 +96,14 @@ class CFLStrategy(PersonalStrategy):
             extra.update({f"cluster-{c}-mean-norm": mean_norm, f"cluster-{c}-max-norm": max_norm})
             halves, ids = [group], [c]
             known = {int(q) for q, k in self.cluster_of.items() if k == c}
-            if (server_round > self.cfg.cfl_warmup and mean_norm < self.cfg.cfl_eps1
-                    and max_norm > self.cfg.cfl_eps2 and len(group) >= 3
-                    and known <= {q for q, _ in group}):  # every member it has had replied
+            due = (server_round > self.cfg.cfl_warmup and mean_norm < self.cfg.cfl_eps1
+                   and max_norm > self.cfg.cfl_eps2 and len(group) >= 3)
+            if due and (missing := sorted(known - {q for q, _ in group})):
+                log.info("round %d: cluster %d meets the split criteria (mean update norm %.3g < %g, "
+                         "max %.3g > %g) but its partitions %s did not reply this round: not split "
+                         "(a cluster splits only in a round all its members reply)", server_round, c,
+                         mean_norm, self.cfg.cfl_eps1, max_norm, self.cfg.cfl_eps2, missing)
+            elif due:
                 labels = bipartition(gram)
                 ids.append(max([*map(int, self.cluster_models), *self.cluster_of.values(), c]) + 1)
                 halves = [[g for g, lab in zip(group, labels, strict=True) if lab == side]
