@@ -237,6 +237,34 @@ def test_a_refused_evaluation_reply_is_left_out_of_the_scores_too():
     assert "shape (3, 11)" in s.round.failed[0]["reason"]
 
 
+def test_a_client_that_has_not_trained_is_left_out_of_the_ensemble(caplog):
+    """From a review: a client evaluated before its first training round (not sampled yet, its
+    first round failed, its state lost) put its seeded initial model's predictions into the
+    ensemble, and FedCC's mu = 1 - p(unknown) gave it full weight."""
+    s = two_client_strategy()
+    s._n_test = 4
+    s._sent = [sent(5, mtype="evaluate"), sent(6, mtype="evaluate")]
+    good = np.full((4, 11), 1 / 11, np.float32)
+
+    def content(acc, trained):
+        return RecordDict({"test_predictions": ArrayRecord({"p": Array(good)}), "metrics": MetricRecord(
+            {"num-examples": 10, "accuracy": acc, "trained": trained})})
+
+    metrics = s.aggregate_evaluate(3, [reply(s._sent[0], content(0.2, 1.0)),
+                                       reply(s._sent[1], content(0.9, 0.0))])
+    assert metrics["accuracy"] == pytest.approx(0.2) and len(s._test_preds) == 1
+    assert "trained" not in metrics and "round 3: partitions [1] have not trained yet" in caplog.text
+    # the client says which it is
+    cfg = Config.from_run_config({**SMALL, "method": "fedcc"})
+    ctx = Context(run_id=1, node_id=3, node_config={"partition-id": 1, "num-partitions": 10},
+                  state=RecordDict(), run_config=cfg.to_run_config())
+    client = METHODS["fedcc"].client(cfg, ctx)
+    msg = RecordDict({"config": ConfigRecord({"server-round": 1})})
+    assert client.evaluate(sent(3, msg, "evaluate")).content["metrics"]["trained"] == 0.0
+    client.train(sent(3, msg))
+    assert client.evaluate(sent(3, msg, "evaluate")).content["metrics"]["trained"] == 1.0
+
+
 def test_the_every_class_majority_warning_names_each_client_once(caplog):
     """Found by a README walk-through: on dirichlet:0.5 it fired every round for the same
     clients; now once per client, then an info line."""

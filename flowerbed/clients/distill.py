@@ -114,7 +114,10 @@ class DistillClient(Client):
         model = self.local_model()
         test = test_set(self.cfg)
         preds = self.outputs(model, test)
-        metrics = {"num-examples": len(self.test_data)}  # 0: no local test split, no local scores
+        metrics = {"num-examples": len(self.test_data),  # 0: no local test split, no local scores
+                   # 0: not trained yet (not sampled, its first round failed, state lost): the
+                   # server leaves its seeded initial model out of the ensemble
+                   "trained": float(STATE in self.context.state.array_records)}
         if len(self.test_data):
             metrics.update(self.local_accuracy(model))
         metrics["global-test-accuracy"] = self.global_accuracy(preds, test.y)

@@ -14,11 +14,11 @@ from collections.abc import Iterable
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from flowerbed.datasets.federated import public_indices, test_set
 from flowerbed.datasets.loading import DataSet
-from flowerbed.strategies.base import FlowerbedFedAvg, metric_record
+from flowerbed.strategies.base import FlowerbedFedAvg, log, metric_record
 
 SOFT_TARGETS = "soft_targets"
 PREDICTIONS = "predictions"
@@ -118,10 +118,17 @@ class DistillStrategy(FlowerbedFedAvg):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
         valid, _ = self._check_and_log_replies(replies, is_train=False)
+        untrained = [self.partition_of.get(r.metadata.src_node_id, -1) for r in valid
+                     if not metric_record(r.content).get("trained", 1.0)]
+        if untrained:
+            log.info("round %d: partitions %s have not trained yet: their initial models are left "
+                     "out of the ensemble and the clients' scores", server_round, untrained)
+        valid = [r for r in valid if metric_record(r.content).get("trained", 1.0)]
         self._test_preds = [r.content[TEST_PREDICTIONS]["p"].numpy().astype(np.float32)
                             for r in valid]
         metrics = None
-        scored = [m for m in (metric_record(r.content) for r in valid)
+        scored = [MetricRecord({k: v for k, v in m.items() if k != "trained"})
+                  for m in (metric_record(r.content) for r in valid)
                   if m[self.weighted_by_key] > 0]  # clients without a local test split: no scores
         if scored:
             metrics = self.evaluate_metrics_aggr_fn([RecordDict({"m": m}) for m in scored],
