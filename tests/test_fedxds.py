@@ -321,6 +321,14 @@ def test_who_holds_d_g_is_learnt_from_a_skipped_round_too():
         {"num-examples": 5, "train-loss": 0.1, "has-pool": 1})})) for m in msgs[:2]]
     assert s.aggregate_train(5, replies) == (None, None) and s.round.skipped
     assert s.has_pool == {0, 1}
+    # a node that takes partition 1 over holds none of the old node's files: it gets D_g
+    # (from a review: it trained main rounds without the shared term until it said so)
+    s.pool = ArrayRecord({"x": Array(np.zeros((1, 1, 28, 28), np.float16)),
+                          "y": Array(np.zeros(1, np.int64))})
+    main = RecordDict({"config": ConfigRecord({"fedxds-phase": "main"})})
+    assert "shared" not in s.content_for(12, main)
+    s.node_of[1], s.partition_of[14] = 14, 1
+    assert "shared" in s.content_for(14, main)
 
 
 def test_a_share_round_without_valid_uploads_is_repeated_in_the_next_round():

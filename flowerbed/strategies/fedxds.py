@@ -38,6 +38,7 @@ class FedXDSStrategy(FlowerbedFedAvg):
         super().__init__(cfg)
         self.pool: ArrayRecord | None = None
         self.has_pool: set[int] = set()
+        self._pool_holder: dict[int, int] = {}  # partition -> the node that said it holds D_g (this run)
         self._initial: ArrayRecord | None = None
         self.share_round: int | None = None  # None: fedxds-warmup-rounds
         self._share_round = False
@@ -85,9 +86,15 @@ class FedXDSStrategy(FlowerbedFedAvg):
         """D_g goes (in training messages of the main phase) to each client without it yet."""
         config = content.config_records.get(self.configrecord_key)  # (evaluation's has no phase)
         if (self.pool is None or config is None or config.get("fedxds-phase") != "main"
-                or self.partition_of.get(node) in self.has_pool):
+                or self.holds_pool(node)):
             return content
         return with_record(content, SHARED, self.pool)
+
+    def holds_pool(self, node: int) -> bool:
+        """Whether ``node`` holds D_g: its partition said so, and no other node serves that
+        partition now (a node that took a partition over holds none of its files)."""
+        pid = self.partition_of.get(node)
+        return pid in self.has_pool and self._pool_holder.get(pid, node) == node
 
     def _restarts(self, server_round: int) -> bool:
         """Whether ``server_round`` is the first main round, which starts from the initial weights
@@ -145,6 +152,7 @@ class FedXDSStrategy(FlowerbedFedAvg):
                 continue
             if m["train-has-pool"] == 1:
                 self.has_pool.add(pid)
+                self._pool_holder[pid] = self.node_of.get(pid, -1)
             else:  # e.g. a client restarted without its state: it gets D_g again next time
                 self.has_pool.discard(pid)
         if self._share_round:
