@@ -315,10 +315,15 @@ def test_a_diverged_personal_model_is_dropped_not_kept(method, caplog):
     arrays = to_record(model)
     content = ({f"model.{k}": arrays for k in range(cfg.num_models)} if method == "fedsoft"
                else {"arrays": arrays})
-    c.train(sent(4, RecordDict({**content, "config": ConfigRecord({"server-round": 1})})))
+    def message(rnd):
+        return sent(4, RecordDict({**content, "config": ConfigRecord({"server-round": rnd})}))
+
+    c.train(message(1))
     assert key not in ctx.state and f"its {key} diverged" in caplog.text
-    c.train(sent(4, RecordDict({**content, "config": ConfigRecord({"server-round": 2})})))
+    assert c.evaluate(message(1)).content["metrics"]["personal-model"] == 0.0  # and says so
+    c.train(message(2))
     assert key in ctx.state and all(np.isfinite(v.numpy()).all() for v in ctx.state[key].values())
+    assert c.evaluate(message(2)).content["metrics"]["personal-model"] == 1.0
 
 
 def test_apfl_scores_the_mixture_with_the_received_model():

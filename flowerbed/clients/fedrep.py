@@ -42,4 +42,7 @@ class FedRepClient(Client):
                           arrays=body)
 
     def evaluate(self, msg: Message) -> Message:
-        return self.scored(msg, self.personal_model(msg))
+        """Scored with its own head; before it has one, with the head the server sends (the
+        initial one, never trained), and ``personal-model`` 0 says so."""
+        own = float(HEAD in self.context.state.array_records)
+        return self.scored(msg, self.personal_model(msg), {"personal-model": own})

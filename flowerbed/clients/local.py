@@ -36,4 +36,7 @@ class LocalClient(Client):
         return self.reply(msg, {"num-examples": len(self.train_data), "train-loss": loss})
 
     def evaluate(self, msg: Message) -> Message:
-        return self.scored(msg, self.own_model())
+        """Scored with its own model; before it has one (not trained yet, or dropped when it
+        diverged), with the seeded initial model, and ``personal-model`` 0 says so."""
+        own = float(self.state_key in self.context.state.array_records)
+        return self.scored(msg, self.own_model(), {"personal-model": own})
