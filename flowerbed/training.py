@@ -146,7 +146,8 @@ def evaluate(model: nn.Module, data: DataSet, device: torch.device,
     loss, correct = 0.0, 0
     for xb, yb in batches(data, batch_size, device):
         out = model(xb)
-        if torch.isnan(out).any():  # a diverged model: argmax would say class 0, scored as a guess
+        if not torch.isfinite(out).all():  # diverged (NaN, or logits overflowing to ±inf): argmax
+            # would say class 0, scored as a guess
             return float("nan"), float("nan")
         loss += float(F.cross_entropy(out, yb, reduction="sum"))
         correct += int((out.argmax(1) == yb).sum())

@@ -129,6 +129,12 @@ def test_scaffold_server_update(cfg):
     content_next = s.train_content(2, out, ConfigRecord())
     assert np.allclose(content_next["server_cv"]["w"].numpy(), 1.0)
     assert dict(content_next[ACCEPTED]) == {"0": 1, "1": 1}  # whose Δc_i c now holds
+    # an aggregate that overflows float32 (a server step of 3 here) is refused by the round
+    # loop: c stays as it was (from a review: the refused step came back next round)
+    s.cfg, s._reference, s._sent = s.cfg.replace(scaffold_server_lr=3.0), out, msgs[:1]
+    out2, _ = s.aggregate_train(2, [reply(msgs[0], content(3e38, 10, **{CV_DELTA: d1}))])
+    assert not np.isfinite(out2["w"].numpy()).all() and np.allclose(s.c["w"], 1.0)
+    assert dict(s.train_content(3, out, ConfigRecord())[ACCEPTED]) == {"0": 1, "1": 1}
 
 
 def test_scaffold_server_lr_steps_parameters_not_buffers(cfg):
@@ -529,6 +535,13 @@ def test_feddyn_server_update_by_hand_with_batchnorm_buffers(cfg):
     out2, _ = s.aggregate_train(2, [reply(msgs[0], RecordDict({"arrays": out, "metrics": MetricRecord(
         {"num-examples": 10})}))])
     assert np.allclose(s.h["weight"], h) and np.allclose(out2["weight"].numpy(), 4.5 - h / 0.1)
+    # an aggregate that overflows float32 is refused by the round loop: h and whose state the
+    # server took stay as they were (from a review: the refused step came back next round)
+    s._reference, s._sent = out2, msgs[:1]
+    huge = RecordDict({"arrays": bn_record(3e38, n=3), "metrics": MetricRecord({"num-examples": 10})})
+    out3, _ = s.aggregate_train(3, [reply(msgs[0], huge)])
+    assert not np.isfinite(out3["weight"].numpy()).all()
+    assert np.allclose(s.h["weight"], h) and s.accepted["0"] == 2
 
 
 def test_synced_state_reads_scaffolds_older_pending_round_and_drops_a_roundless_pending(caplog):
@@ -682,3 +695,21 @@ def test_fedmgda_steps_the_parameters_and_averages_batchnorm_buffers(cfg):
     assert np.allclose(out["weight"].numpy(), 0.5)  # a unit step along (1, 1, 1, 1) / 2: the 4 parameters
     assert np.allclose(out["running_var"].numpy(), 0.25 * 0.1 + 0.75 * 0.3)
     assert out["num_batches_tracked"].numpy().dtype == np.int64 and out["num_batches_tracked"].numpy() == 7
+
+
+def test_a_model_whose_logits_overflow_is_scored_as_diverged_not_as_a_guess():
+    """From a review: only NaN outputs counted, so finite weights whose logits overflowed to inf
+    scored an accuracy (argmax's class 0) beside a NaN loss."""
+    import torch
+
+    from flowerbed.datasets.loading import DataSet
+    from flowerbed.training import evaluate
+
+    data = DataSet("fashion-mnist", torch.full((8, 1, 2, 2), 255, dtype=torch.uint8),
+                   torch.tensor([0, 1, 2, 3] * 2), 4)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 4))
+    with torch.no_grad():
+        model[1].weight.fill_(1e38)
+        model[1].bias.zero_()
+    loss, acc = evaluate(model, data, torch.device("cpu"))
+    assert np.isnan(loss) and np.isnan(acc)

@@ -22,6 +22,7 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord
 
 from flowerbed.strategies.base import cast_like
 from flowerbed.strategies.synced import SyncedStateStrategy
+from flowerbed.training import is_finite
 
 
 class FedDynStrategy(SyncedStateStrategy):
@@ -38,12 +39,16 @@ class FedDynStrategy(SyncedStateStrategy):
         valid, new, params = taken  # new: the mean, kept for the buffers
         alpha = self.cfg.feddyn_alpha
         m = self.all_clients(len(valid))
+        h = {}
         for k in params:
             total = np.zeros(self._reference[k].numpy().shape)  # Σ_P θ_k, float64, one at a time
             for r in valid:
                 total += r.content["arrays"][k].numpy()
             delta = total - len(valid) * self._reference[k].numpy().astype(np.float64)
-            self.h[k] = self.h.get(k, 0.0) - alpha / m * delta
-            new[k] = Array(np.asarray(total / len(valid) - self.h[k] / alpha))
-        self.took(server_round, self.round.ok)
-        return cast_like(ArrayRecord(new), self._reference), self.client_metrics(valid)
+            h[k] = self.h.get(k, 0.0) - alpha / m * delta
+            new[k] = Array(np.asarray(total / len(valid) - h[k] / alpha))
+        out = cast_like(ArrayRecord(new), self._reference)
+        if is_finite(out):  # else refused by the round loop: h and the clients' state stay as they are
+            self.h.update(h)
+            self.took(server_round, self.round.ok)
+        return out, self.client_metrics(valid)

@@ -24,6 +24,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from flowerbed.strategies.base import cast_like
 from flowerbed.strategies.synced import ACCEPTED, SyncedStateStrategy
+from flowerbed.training import is_finite
 
 SERVER_CV = "server_cv"
 CV_DELTA = "cv_delta"
@@ -57,6 +58,8 @@ class ScaffoldStrategy(SyncedStateStrategy):
         if eta != 1.0:
             mean |= {k: Array(ref[k].numpy() + eta * (mean[k].numpy() - ref[k].numpy())) for k in params}
         avg = cast_like(ArrayRecord(mean), ref)
+        if not is_finite(avg):  # refused by the round loop: c and the clients' c_i stay as they are
+            return avg, self.client_metrics(valid)
         n_total = self.all_clients(len(valid))
         for r in valid:
             for k, arr in r.content[CV_DELTA].items():
