@@ -106,6 +106,47 @@ def test_ssl_clients_never_see_labels(method, extra):
                               out.content["arrays"]["backbone.conv1.weight"].numpy())
 
 
+@pytest.mark.parametrize("method,key,extra", [("fedbyol", TARGET, {}), ("fedu", "fedu.online", {}),
+                                              ("fedmoco", QUEUE, {}), ("fedmoco", KEY_ENCODER, {}),
+                                              ("fedprotocl", QUEUE, {"protocl-warmup-rounds": 0}),
+                                              ("moon-unsup", "moon.previous", {}),
+                                              ("fedx", TARGET, {"fedx-base": "byol"})])
+def test_kept_state_gone_nan_is_dropped_not_kept(method, key, extra, caplog):
+    """From a review: an EMA target, key encoder, queue or previous model gone NaN was filed
+    again every round, so every later reply of that client was NaN and refused. Now the round
+    it spoils still shows it, and the next round starts that state afresh."""
+    client, model, msg, ctx = make_client(method, **extra)
+    client.train(msg)
+    rec = ctx.state[key]
+    ctx.state[key] = type(rec)({k: type(v)(np.full_like(v.numpy(), np.nan)) if v.numpy().dtype.kind == "f"
+                                else v for k, v in rec.items()})
+
+    def round_(rnd):
+        return client.train(sent(7, RecordDict({"arrays": to_record(model),
+                                                "config": ConfigRecord({"server-round": rnd})})))
+
+    spoilt = round_(2).content["arrays"]
+    if method != "fedu":  # (FedU leaves a NaN local model out of its comparison, then files anew)
+        assert not all(np.isfinite(a.numpy()).all() for a in spoilt.values())
+        assert key not in ctx.state.array_records and "diverged" in caplog.text
+    healthy = round_(3)
+    assert all(np.isfinite(a.numpy()).all() for a in healthy.content["arrays"].values())
+    assert np.isfinite(healthy.content["metrics"]["train-loss"]) and key in ctx.state.array_records
+
+
+def test_fedu_compares_the_encoder_only_and_reports_no_divergence_before_it_has_a_local_model():
+    """From a review: FedX's separate KD head counted in FedU's encoder distance, and a client
+    without a local model yet reported a divergence of 0.0 into the round's mean."""
+    client, model, msg, ctx = make_client("fedx", **{"fedx-base": "fedu", "fedx-head": "separate"})
+    first = client.train(msg).content["metrics"]
+    assert "fedu-divergence" not in first and "fedu-kept-local-predictor" not in first
+    sent_model = to_record(model)
+    ctx.state["fedu.online"] = type(sent_model)(  # only the KD head differs from the model sent
+        {k: type(v)(v.numpy() + (1.0 if k.startswith("kd_head.") else 0.0)) for k, v in sent_model.items()})
+    client.prepare(model, msg)
+    assert client.divergence == pytest.approx(0.0, abs=1e-6)
+
+
 def test_moco_loss_by_hand():
     q, k = torch.tensor([[2.0, 0.0]]), torch.tensor([[1.0, 0.0]])
     queue = torch.tensor([[0.0, 3.0], [-1.0, 0.0]])  # cosines 0 and -1 with q

@@ -32,6 +32,7 @@ class MomentumClient(SSLClient):
 
     keeps_state = True
     target_key = TARGET
+    kept_with_target: tuple[str, ...] = ()  # state dropped with a diverged target (MoCo's queue)
 
     def ema_rate(self) -> float:
         return self.cfg.byol_ema
@@ -46,7 +47,8 @@ class MomentumClient(SSLClient):
         ema_update(self.target, model, self.ema_rate())
 
     def finish(self, model: SSLNet) -> dict[str, float]:
-        self.context.state[self.target_key] = to_record(self.target)
+        # a target gone NaN would make every later round's loss NaN: dropped, not kept
+        self.keep_model(self.target_key, to_record(self.target), *self.kept_with_target)
         return super().finish(model)
 
     def target_projections(self, x1: torch.Tensor, x2: torch.Tensor) -> tuple[torch.Tensor, ...]:

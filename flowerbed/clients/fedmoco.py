@@ -42,6 +42,7 @@ BN_SPLITS = 8  # MoCo's CIFAR demo: SplitBatchNorm over 8 groups on one GPU
 
 class MoCoClient(MomentumClient):
     target_key = KEY_ENCODER
+    kept_with_target = (QUEUE,)  # keys of a diverged key encoder
 
     def ema_rate(self) -> float:
         return self.cfg.moco_momentum
@@ -99,6 +100,6 @@ class MoCoClient(MomentumClient):
         self.ptr = int((self.ptr + len(keys)) % len(self.queue))
 
     def finish(self, model: SSLNet) -> dict[str, float]:
-        self.context.state[QUEUE] = ArrayRecord({"queue": self.queue.cpu(),
-                                                 "ptr": torch.tensor([self.ptr])})
+        # a queue gone NaN is dropped (it restarts as seeded random keys), not kept for good
+        self.keep_model(QUEUE, ArrayRecord({"queue": self.queue.cpu(), "ptr": torch.tensor([self.ptr])}))
         return super().finish(model)

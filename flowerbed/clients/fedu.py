@@ -15,22 +15,23 @@ from flwr.app import Message
 
 from flowerbed.clients.fedbyol import BYOLClient
 from flowerbed.models.ssl import SSLNet
-from flowerbed.training import to_record
+from flowerbed.training import is_finite, to_record
 
 LOCAL = "fedu.online"
 
 
 class FedUClient(BYOLClient):
+    kept_with_target = (LOCAL,)
     def prepare(self, model: SSLNet, msg: Message) -> None:
         super().prepare(model, msg)
-        self.divergence = 0.0
+        self.divergence: float | None = None  # no local model yet: nothing to compare, not 0
         local = self.context.state.array_records.get(LOCAL)
-        if local is None:
+        if local is None or not is_finite(local):  # (a NaN one is not kept past this round)
             return
         sd = local.to_torch_state_dict()
         # the encoder's weights only: BatchNorm buffers (running stats, num_batches_tracked,
         # which counts local steps) are not weights and would dominate the distance
-        enc = {k: p for k, p in model.named_parameters() if not k.startswith("predictor.")}
+        enc = {k: p for k, p in model.named_parameters() if k.startswith(("backbone.", "projector."))}
         self.divergence = float(torch.sqrt(sum(((sd[k].float() - p.detach().float().cpu()) ** 2).sum()
                                                for k, p in enc.items())))
         if self.divergence >= self.cfg.fedu_mu:
@@ -38,6 +39,8 @@ class FedUClient(BYOLClient):
                                   strict=False)
 
     def finish(self, model: SSLNet) -> dict[str, float]:
-        self.context.state[LOCAL] = to_record(model)
+        self.keep_model(LOCAL, to_record(model), self.target_key)
+        if self.divergence is None:  # (the round's mean is over the clients that compared)
+            return super().finish(model)
         return {**super().finish(model), "fedu-divergence": self.divergence,
                 "fedu-kept-local-predictor": float(self.divergence >= self.cfg.fedu_mu)}

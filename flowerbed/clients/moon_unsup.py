@@ -44,5 +44,5 @@ class MoonUnsupClient(SimCLRClient):
         return simclr + self.cfg.moon_mu * model_contrastive(z, zg, zp, self.cfg.moon_tau)
 
     def finish(self, model: SSLNet) -> dict[str, float]:
-        self.context.state[PREVIOUS] = to_record(model)
+        self.keep_model(PREVIOUS, to_record(model))
         return super().finish(model)

@@ -13,8 +13,9 @@ Two implementations of one recipe (``ssl-augment``):
   run's as another seed's would.
 - ``auto`` (the default): batched on a GPU, per-sample on the CPU.
 
-The randomness comes from torch's global generator (on a GPU, its CUDA generator), which the
-client seeds from (seed, partition, round) before training.
+The randomness comes from torch's global CPU generator (kornia 0.9 draws its parameters there,
+then moves them to the batch's device), which the client seeds from (seed, partition, round)
+before training.
 """
 
 from __future__ import annotations
