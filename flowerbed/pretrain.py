@@ -25,7 +25,15 @@ from flowerbed.datasets.federated import full_train
 from flowerbed.datasets.loading import DataSet
 from flowerbed.datasets.streams import split_pretrain
 from flowerbed.models import build_model
-from flowerbed.training import evaluate, pick_device, predict, seeded_generator, train_epochs
+from flowerbed.training import (
+    evaluate,
+    is_finite,
+    pick_device,
+    predict,
+    seeded_generator,
+    to_record,
+    train_epochs,
+)
 
 log = logging.getLogger("flowerbed")
 
@@ -78,6 +86,10 @@ def pretrained(cfg: Config) -> nn.Module:
                  generator=seeded_generator(cfg.seed, 808), **RECIPE_ARGS)
     log.info("pre-trained: held-out accuracy %.4f", evaluate(model, held, device)[1])
     model.cpu()  # after the evaluation (which moves it to the device): the file and the model
+    if not is_finite(to_record(model)):  # cached, it would serve every later run of this key
+        raise RuntimeError(f"Fed-ADE's pre-training diverged ({cfg.model}, {train.pixels} pixels, "
+                           f"{cfg.fedade_pretrain_epochs} epochs): its weights are not finite, so "
+                           "nothing was cached")
     path.parent.mkdir(parents=True, exist_ok=True)  # returned are on the CPU, as when loaded
     write_synced(path, model.state_dict())  # a temporary file per process: runs may pre-train at once
     return model

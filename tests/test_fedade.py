@@ -57,6 +57,7 @@ def test_learning_rate_bounds():
     assert lr_from(0.0, 1e-5, 1e-3) == 1e-5 and lr_from(1.0, 1e-5, 1e-3) == 1e-3
     assert lr_from(7.0, 1e-5, 1e-3) == 1e-3 and lr_from(-1.0, 1e-5, 1e-3) == 1e-5
     assert lr_from(0.5, 0.0, 1.0) == pytest.approx(0.5)
+    assert lr_from(float("nan"), 1e-5, 1e-3) == 1e-5  # a NaN S (a diverged model): eta_min, not NaN
 
 
 def test_bbse_recovers_a_known_label_shift():
@@ -257,7 +258,8 @@ def test_a_batch_beyond_the_pool_and_streams_that_never_shift_are_named(caplog):
     caplog.clear()
     FedADEStrategy(Config.from_run_config({**base, "fedade-schedule": "ber", "fedade-ber-p": 0.0,
                                            "fedade-shift": "covariate"})).check_setup(2)
-    assert "fedade-ber-p=0: no chain flips in 2 steps" in caplog.text and "uncorrupted" in caplog.text
+    assert "fedade-ber-p=0: no chain flips in 2 steps" in caplog.text
+    assert "corruption at its lowest severity (1)" in caplog.text
 
 
 def test_pretraining_cache_is_keyed_by_the_pool_itself():
@@ -303,10 +305,12 @@ class _Feat(nn.Module):
 
 def test_fedade_shift_estimators_by_hand():
     """D2: S_rep = (1 - cos(z_prev, z)) / 2 and S_unc = 1 - cos(q_prev, q)."""
+    from flowerbed.clients.base import Client
     from flowerbed.clients.fedade import FedADEClient
 
-    me = SimpleNamespace(cfg=_ade_cfg(), context=Context(run_id=1, node_id=1, node_config={},
-                                                         state=RecordDict(), run_config={}))
+    me = SimpleNamespace(cfg=_ade_cfg(), partition_id=0, context=Context(
+        run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={}))
+    me.keep_model = lambda *a, **k: Client.keep_model(me, *a, **k)
     x0, x1 = torch.tensor([[3.0, 0.0]]), torch.tensor([[0.0, 3.0]])
     assert FedADEClient.shift(me, _Feat(), x0, 0) == (0.0, 0.0)
     s_unc, s_rep = FedADEClient.shift(me, _Feat(), x1, 1)
@@ -417,3 +421,23 @@ def test_fth_runs_on_a_fixed_model_and_scores_with_reweighted_predictions():
         probs = torch.softmax(model(x), 1) * torch.as_tensor(np.maximum(w, 1e-8), dtype=torch.float32)
     assert m["accuracy"] == pytest.approx(float((probs.argmax(1) == y).float().mean()))
     assert math.isfinite(m["loss"]) and not np.allclose(w, 1.0)
+
+
+def test_a_client_whose_layers_went_nan_drops_them_and_reports_no_risk_it_did_not_compute(caplog):
+    """From a review: NaN personal layers were filed and kept (and the estimator buffers and
+    learning rate turned NaN from them), so every later reply and evaluation was refused; and a
+    client at learning rate 0 reported a risk of 0.0 it never computed."""
+    from flowerbed.clients.fedade import BUFFERS, PERSONAL
+
+    run = StreamClient({**SMALL, "fedade-lr-mode": "fixed", "fedade-fixed-lr": 1e-3})
+    run.train(1)
+    rec = run.ctx.state[PERSONAL]
+    run.ctx.state[PERSONAL] = type(rec)({k: type(v)(np.full_like(v.numpy(), np.nan)) for k, v in rec.items()})
+    spoilt = run.train(3).content
+    assert "risk" not in spoilt["metrics"] or not np.isfinite(spoilt["metrics"]["risk"])
+    assert PERSONAL not in run.ctx.state and BUFFERS not in run.ctx.state and "diverged" in caplog.text
+    healthy = run.train(3).content  # the whole model again, as the server sends after a refusal
+    assert all(np.isfinite(a.numpy()).all() for a in healthy["arrays"].values())
+    assert np.isfinite(healthy["metrics"]["risk"]) and PERSONAL in run.ctx.state
+    still = StreamClient({**SMALL, "fedade-lr-mode": "none"}).train(1).content["metrics"]
+    assert "risk" not in still and still["lr"] == 0

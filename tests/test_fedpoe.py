@@ -84,7 +84,7 @@ def test_the_pretrained_model_goes_to_a_client_until_it_holds_a_local_model():
     """Every message to a partition without a local model carries the pre-trained one; a training
     reply says it holds one now, an error reply (its state may be gone) that it may not."""
     from conftest import error_reply, prepared, reply
-    from flwr.app import Array, ArrayRecord, RecordDict
+    from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
     from flowerbed.clients.fedpoe import PRETRAINED
     from flowerbed.config import Config
@@ -95,11 +95,20 @@ def test_the_pretrained_model_goes_to_a_client_until_it_holds_a_local_model():
     sent = prepared(strategy, [10, 11])
     content = RecordDict({"arrays": ArrayRecord({"w": Array(np.zeros(2, np.float32))})})
     assert all(PRETRAINED in strategy.content_for(n, content) for n in (10, 11))
-    strategy._check_and_log_replies([reply(sent[0], RecordDict()), error_reply(sent[1])], True, False)
+    strategy._reference = content["arrays"]
+    ok = RecordDict({"arrays": content["arrays"],
+                     "metrics": MetricRecord({"num-examples": 5, "time-step": 0})})
+    strategy._check_and_log_replies([reply(sent[0], ok), error_reply(sent[1])], True, False)
     assert PRETRAINED not in strategy.content_for(10, content)
     assert PRETRAINED in strategy.content_for(11, content)
     assert strategy.content_for(10, content)["arrays"] is content["arrays"]  # the whole model, as sent
     strategy._check_and_log_replies([error_reply(sent[0])], True, False)
+    assert PRETRAINED in strategy.content_for(10, content)
+    # a refused reply (NaN layers, which the client does not keep) counts as not holding either
+    strategy._check_and_log_replies([reply(sent[0], ok)], True, False)
+    bad = RecordDict({"arrays": ArrayRecord({"w": Array(np.full(2, np.nan, np.float32))}),
+                      "metrics": MetricRecord({"num-examples": 5, "time-step": 0})})
+    strategy._check_and_log_replies([reply(sent[0], bad)], True, False)
     assert PRETRAINED in strategy.content_for(10, content)
 
 

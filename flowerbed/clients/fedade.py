@@ -39,7 +39,7 @@ from flowerbed.clients.base import Client
 from flowerbed.datasets.streams import client_batch, num_steps
 from flowerbed.models import is_personal
 from flowerbed.pretrain import pools
-from flowerbed.training import to_record
+from flowerbed.training import is_finite, to_record
 
 PERSONAL, SHARED_OWN, BUFFERS = "fedade.personal", "fedade.shared", "fedade.buffers"
 FTH = "fedade.fth"  # the BBSE estimate of each step's label mix, and how many steps it holds
@@ -66,8 +66,9 @@ def reweighted(logits: torch.Tensor, w: np.ndarray | None) -> torch.Tensor:
 
 
 def lr_from(s: float, lr_min: float, lr_max: float) -> float:
-    """η = η_min + (η_max − η_min)·S with S clipped to [0, 1]."""
-    return lr_min + (lr_max - lr_min) * float(np.clip(s, 0.0, 1.0))
+    """η = η_min + (η_max − η_min)·S with S clipped to [0, 1]; η_min where S is not finite (a
+    NaN learning rate would reach SGD unchecked)."""
+    return lr_min + (lr_max - lr_min) * float(np.clip(s, 0.0, 1.0)) if np.isfinite(s) else lr_min
 
 
 def bbse_raw(conf: np.ndarray, pred_freq: np.ndarray) -> np.ndarray:
@@ -155,9 +156,10 @@ class FedADEClient(Client):
             s_rep = float(np.clip(0.5 * (1 - cosine(z_prev, z.cpu())), 0, 1))
             if cfg.fedade_rep_ref == "ema":
                 z = F.normalize(0.9 * z_prev.to(z) + 0.1 * z.cpu().to(z), dim=0)
-        self.context.state[BUFFERS] = ArrayRecord({
+        # (buffers from a model gone NaN are dropped, not kept: the next step starts afresh, S = 0)
+        self.keep_model(BUFFERS, ArrayRecord({
             "q": Array(q.cpu().numpy()), "z": Array(z.cpu().numpy()),
-            "t": Array(np.array([t], np.int64)), "s": Array(np.array([s_unc, s_rep]))})
+            "t": Array(np.array([t], np.int64)), "s": Array(np.array([s_unc, s_rep]))}))
         return s_unc, s_rep
 
     def fth_weights(self, model: nn.Module, msg: Message, t: int) -> np.ndarray | None:
@@ -245,12 +247,15 @@ class FedADEClient(Client):
         lr = self.learning_rate(s_unc, s_rep)
         loss = self.adapt(model, x, msg, lr)
         record = to_record(model)
-        self.context.state[PERSONAL] = ArrayRecord({k: v for k, v in record.items() if is_personal(k)})
         shared = ArrayRecord({k: v for k, v in record.items() if not is_personal(k)})
-        if not cfg.fedade_sync:
+        # a model gone NaN: its layers and buffers dropped (the server sends the whole model
+        # again after this round's refused reply), not kept for the rest of the run
+        if self.keep_model(PERSONAL, ArrayRecord({k: v for k, v in record.items() if is_personal(k)}),
+                           BUFFERS, SHARED_OWN, finite=is_finite(shared)) and not cfg.fedade_sync:
             self.context.state[SHARED_OWN] = shared
-        metrics = {"num-examples": len(y), "lr": lr, "s-unc": s_unc, "s-rep": s_rep, "time-step": t,
-                   "risk": loss if np.isfinite(loss) else 0.0, **pre}
+        metrics = {"num-examples": len(y), "lr": lr, "s-unc": s_unc, "s-rep": s_rep, "time-step": t, **pre}
+        if np.isfinite(loss):  # (none at learning rate 0: no step was taken)
+            metrics["risk"] = loss
         return self.reply(msg, metrics, arrays=shared)
 
     def evaluate(self, msg: Message) -> Message:

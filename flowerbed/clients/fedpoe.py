@@ -168,8 +168,9 @@ class FedPOEClient(FedADEClient):
                                                  "t": Array(np.array([moved], np.int64))})
         w = np.exp(log_w)  # (each pair's largest is 1)
         metrics.update({"num-examples": len(y), "lr": lr, "time-step": t,
-                        "fed-weight": float(w[1] / w[:2].sum()), "pool-weight": float(w[3] / w[2:].sum()),
-                        "risk": loss if np.isfinite(loss) else 0.0})
+                        "fed-weight": float(w[1] / w[:2].sum()), "pool-weight": float(w[3] / w[2:].sum())})
+        if np.isfinite(loss):  # (none at learning rate 0: no step was taken)
+            metrics["risk"] = loss
         return self.reply(msg, metrics, arrays=to_record(fed))
 
     def evaluate(self, msg: Message) -> Message:

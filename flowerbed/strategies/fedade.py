@@ -64,7 +64,8 @@ class FedADEStrategy(FedRepStrategy):
             log.warning("%s: the streams never shift (w = 0 at every step: %s), so every "
                         "client sees the pre-training %s all run; more steps: num-server-rounds = "
                         "steps x fedade-rounds-per-step (%d)", cfg.method, why,
-                        "label mix" if cfg.fedade_shift == "label" else "images, uncorrupted",
+                        "label mix" if cfg.fedade_shift == "label"
+                        else "corruption at its lowest severity (1)",
                         cfg.fedade_rounds_per_step)
 
     def step_of(self, server_round: int) -> tuple[int, int]:

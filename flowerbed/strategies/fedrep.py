@@ -57,7 +57,10 @@ class FedRepStrategy(PersonalStrategy):
             elif is_train:  # the client filed its personal layers before it replied
                 self.holding.add(pid)
                 self._holder[pid] = node
-        return super()._check_and_log_replies(replies, is_train, validate)
+        valid, rejected = super()._check_and_log_replies(replies, is_train, validate)
+        for reply in rejected:  # e.g. NaN layers, which the client does not keep (keep_model): the
+            self.holding.discard(self._sender(reply, destinations)[1])  # whole model goes again
+        return valid, rejected
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         body, metrics = super().aggregate_train(server_round, replies)
