@@ -326,6 +326,7 @@ class Config:
     fedamp_sigma: float
     fedamp_lambda: float
     feddyn_alpha: float
+    feddyn_eval: str
     fedlc_tau: float
     fedrs_alpha: float
     fedrs_scaling: str
@@ -473,7 +474,8 @@ class Config:
                    "fedade-rep-ref": ("previous", "ema"), "fedade-risk": ("entropy", "bbse"),
                    "fedade-correction": ("none", "fth"), "atlas-combine": ("weight", "output"),
                    "fedade-pixels": ("standardised", "raw"),
-                   "ssl-augment": ("auto", "per-sample", "batched")}
+                   "ssl-augment": ("auto", "per-sample", "batched"),
+                   "feddyn-eval": ("served", "average")}
         for key, allowed in choices.items():
             if getattr(self, key.replace("-", "_")) not in allowed:
                 raise ConfigError(key, getattr(self, key.replace("-", "_")), f"use {' | '.join(allowed)}")

@@ -530,6 +530,13 @@ def test_feddyn_server_update_by_hand_with_batchnorm_buffers(cfg):
     assert np.allclose(out["running_mean"].numpy(), (2 * 10 + 4 * 30) / 40)
     assert out["num_batches_tracked"].numpy().dtype == np.int64
     assert dict(s.train_content(2, out, ConfigRecord())[ACCEPTED]) == {"0": 1, "1": 1}
+    # scored: the served model, or with feddyn-eval='average' the uploads' plain mean (the
+    # official code's avg_model), on the server and in the clients' evaluation messages
+    assert s.scored(out) is out
+    s.cfg = s.cfg.replace(feddyn_eval="average")
+    avg = s.eval_content(out)["arrays"]
+    assert np.allclose(avg["weight"].numpy(), 3.0) and np.allclose(avg["running_mean"].numpy(), 3.5)
+    s.cfg = s.cfg.replace(feddyn_eval="served")
     s._reference = out  # round 2: one client, no change: h stays, theta = theta_k - h/alpha
     s._sent = msgs[:1]
     out2, _ = s.aggregate_train(2, [reply(msgs[0], RecordDict({"arrays": out, "metrics": MetricRecord(
@@ -713,3 +720,14 @@ def test_a_model_whose_logits_overflow_is_scored_as_diverged_not_as_a_guess():
         model[1].bias.zero_()
     loss, acc = evaluate(model, data, torch.device("cpu"))
     assert np.isnan(loss) and np.isnan(acc)
+
+
+def test_feddyn_scores_the_served_model_or_the_uploads_mean(tmp_path):
+    from inprocess import run_inprocess
+
+    rc = {"method": "feddyn", "num-server-rounds": 2, "train-samples": 600, "test-samples": 200,
+          "min-clients": 2, "output-dir": str(tmp_path), "feddyn-alpha": 0.1}
+    served = run_inprocess({**rc, "run-name": "served"}, 3)
+    average = run_inprocess({**rc, "run-name": "average", "feddyn-eval": "average"}, 3)
+    assert np.isfinite([served["final-loss"], average["final-loss"]]).all()
+    assert served["final-loss"] != average["final-loss"]  # the same training, another model scored
