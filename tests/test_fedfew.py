@@ -506,7 +506,7 @@ def test_scaffold_client_refuses_a_control_variate_of_another_shape():
                                     "config": ConfigRecord({"server-round": 1})})))
 
 
-def test_scaffold_client_adopts_its_c_i_only_once_the_server_took_its_delta():
+def test_scaffold_client_adopts_its_c_i_only_once_the_server_took_its_delta(caplog):
     """Regression: a client used to keep its new c_i even when the server refused the reply
     (timeout, validation), so c drifted from the mean of the c_i."""
     from flowerbed.clients.base import make_model
@@ -535,6 +535,12 @@ def test_scaffold_client_adopts_its_c_i_only_once_the_server_took_its_delta():
     second = bias(ctx, PENDING)
     train(c, 3, {"2": 2})  # round 2's delta was taken: its c_i+ is adopted
     assert np.array_equal(bias(ctx, STATE_KEY), second)
+    # a client that lost its state while the server holds its partition's contribution says so
+    # (from a review: c then counts that contribution twice, silently)
+    lost, _, _ = client("scaffold")
+    train(lost, 4, {"2": 3})
+    assert "took this partition's control variate in round 3" in caplog.text
+    assert caplog.text.count("took this partition's") == 1  # (not the client that holds its c_i)
 
 
 def test_fedfew_reports_the_last_local_epochs_loss():

@@ -55,6 +55,15 @@ class SyncedStateClient(Client):
         """The state ← the last reply's pending state if the server took that reply, else kept."""
         state, pending, round_key = self.context.state, self.pending_key, self._round_key()
         if pending not in state.array_records:
+            accepted = msg.content.config_records.get(ACCEPTED, ConfigRecord())
+            if self.state_key not in state.array_records and str(self.partition_id) in accepted:
+                # the server's aggregate (SCAFFOLD's c, FedDyn's h) holds this partition's earlier
+                # contributions, and this client restarts from zero: they will count twice
+                log.warning("partition %d: the server took this partition's %s in round %s, but "
+                            "this client holds none (its state was lost, or another node served the "
+                            "partition): it starts from zero, and the server's aggregate keeps the "
+                            "earlier contribution as well", self.partition_id, self.state_name,
+                            accepted[str(self.partition_id)])
             return
         if round_key not in state.config_records:
             log.warning("%s: pending state without its round; dropped, the state stays", self.state_key)

@@ -14,7 +14,9 @@ reports one (control variates cover trainable parameters, not buffers).
 
 c must stay the mean of the clients' c_i, so a client adopts its c_i⁺ only once the server has
 taken its Δc_i (``strategies/synced.py``); a client whose last reply was refused (timeout,
-failed validation, a skipped round) keeps its old c_i.
+failed validation, a skipped round) keeps its old c_i. A client that lost its c_i (its state
+folder gone, or another node now serving its partition) restarts from zero while c keeps its
+earlier Δc_i, so c no longer is that mean; the client warns when it sees this.
 """
 
 from __future__ import annotations
