@@ -43,6 +43,7 @@ from flowerbed.training import is_finite, to_record
 
 PERSONAL, SHARED_OWN, BUFFERS = "fedade.personal", "fedade.shared", "fedade.buffers"
 FTH = "fedade.fth"  # the BBSE estimate of each step's label mix, and how many steps it holds
+BLACK_BOX = "fedade.black-box"  # BBSE's fixed classifier f_0: the pre-trained model (fedade-risk='bbse')
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -197,6 +198,21 @@ class FedADEClient(Client):
         s = {"both": 0.5 * (s_unc + s_rep), "unc": s_unc, "rep": s_rep}[cfg.fedade_estimators]
         return lr_from(s, cfg.fedade_lr_min, cfg.fedade_lr_max)
 
+    def black_box(self, msg: Message) -> nn.Module:
+        """BBSE's fixed classifier f_0, the pre-trained model whose confusion matrix the server
+        ships: this client's copy, filed from the message that first brings it (the server sends
+        it until the client has replied to a training round)."""
+        if getattr(self, "_black_box", None) is None:
+            rec = self.context.state.array_records.get(BLACK_BOX)
+            if rec is None:
+                if BLACK_BOX not in msg.content.array_records:
+                    raise RuntimeError(f"partition {self.partition_id}: this client holds no copy of "
+                                       "the pre-trained model for BBSE (its context.state was lost?) "
+                                       "and the message has none; the server sends it next time")
+                rec = self.context.state[BLACK_BOX] = msg.content[BLACK_BOX]
+            self._black_box = self.model_with(rec).eval()
+        return self._black_box
+
     def risk(self, model: nn.Module, x: torch.Tensor, msg: Message) -> torch.Tensor:
         out = model(x)
         if self.cfg.fedade_risk == "entropy":
@@ -204,7 +220,11 @@ class FedADEClient(Client):
             return -(p * torch.log_softmax(out, 1)).sum(1).mean()
         bb = msg.content["bbse"]
         conf = bb["confusion"].numpy()
-        freq = np.bincount(out.argmax(1).cpu().numpy(), minlength=conf.shape[0]) / len(x)
+        # the predicted-label mix of the classifier M describes (the paper's BBSE), not of the
+        # model being adapted, whose confusion matrix nobody measured
+        with torch.no_grad():
+            pred = self.black_box(msg)(x).argmax(1)
+        freq = np.bincount(pred.cpu().numpy(), minlength=conf.shape[0]) / len(x)
         w = torch.as_tensor(bbse_weights(conf, freq), dtype=torch.float32, device=x.device)
         rx = self.model_input(torch.as_tensor(bb["ref_x"].numpy()))
         ry = torch.as_tensor(bb["ref_y"].numpy()).long().to(self.device)

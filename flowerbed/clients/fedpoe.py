@@ -122,6 +122,12 @@ class FedPOEClient(FedADEClient):
                                "one; the server sends it next time")
         return own if own is not None else msg.content[PRETRAINED]
 
+    def black_box(self, msg: Message) -> nn.Module:
+        """BBSE's fixed classifier: the pre-trained model, which this client keeps anyway."""
+        if getattr(self, "_black_box", None) is None:
+            self._black_box = self.model_with(self.pretrained_for(msg)).eval()
+        return self._black_box
+
     def models(self, msg: Message) -> tuple[nn.Module, nn.Module, nn.Module]:
         """(local, federated, pre-trained); a local model starts as the pre-trained one."""
         pre = self.pretrained_for(msg)

@@ -21,7 +21,7 @@ class ATLASStrategy(FedADEStrategy):
 
     def content_for(self, node: int, content: RecordDict) -> RecordDict:
         if not self.holds(node):
-            return content  # the pre-trained model, whole
+            return self.with_black_box(node, content)  # the pre-trained model, whole
         return RecordDict({k: v for k, v in content.items() if k != self.arrayrecord_key})
 
     def local_only(self) -> bool:

@@ -20,11 +20,12 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
+from flowerbed.clients.fedade import BLACK_BOX
 from flowerbed.config import ConfigError
 from flowerbed.datasets.streams import client_weight, num_steps, target_partitions
 from flowerbed.models import is_personal
 from flowerbed.pretrain import confusion, pools, pretrained
-from flowerbed.strategies.base import metric_record
+from flowerbed.strategies.base import metric_record, with_record
 from flowerbed.strategies.fedrep import FedRepStrategy
 from flowerbed.training import to_record
 
@@ -47,6 +48,16 @@ class FedADEStrategy(FedRepStrategy):
 
     def subset_keys(self, key: str, reference: ArrayRecord) -> set[str] | None:
         return {k for k in reference if not is_personal(k)}  # the shared layers, all of them
+
+    def with_black_box(self, node: int, content: RecordDict) -> RecordDict:
+        """BBSE's fixed classifier (the pre-trained model) in a training message to a client that
+        has not replied to one yet (``fedade-risk='bbse'``); it keeps its copy."""
+        if self.bbse is None or "bbse" not in content or self.holds(node):
+            return content
+        return with_record(content, BLACK_BOX, self._pretrained)
+
+    def content_for(self, node: int, content: RecordDict) -> RecordDict:
+        return self.with_black_box(node, super().content_for(node, content))
 
     def check_setup(self, num_partitions: int) -> None:
         cfg = self.cfg

@@ -26,4 +26,5 @@ class FedPOEStrategy(FedADEStrategy):
         return False  # (Fed-ADE's fedade-sync: Fed-POE always shares its federated model)
 
     def content_for(self, node: int, content: RecordDict) -> RecordDict:
+        # (its pre-trained model is also BBSE's fixed classifier: no second copy)
         return content if self.holds(node) else with_record(content, PRETRAINED, self._pretrained)
