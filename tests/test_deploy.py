@@ -165,6 +165,10 @@ def test_own_data_folder_equals_the_seeded_partition(tmp_path, caplog):
                                                    "seed": 1}), folders[0], 0, 3)
     assert "exported with partition='dirichlet:0.5', seed=0; this run has partition='iid', seed=1" \
         in caplog.text
+    caplog.clear()  # min-partition-size shapes a Dirichlet split too (from a review: not compared)
+    with caplog.at_level("WARNING", logger="flowerbed"):
+        read_partition_dir(cfg.replace(min_partition_size=1), folders[0], 0, 3)
+    assert "exported with min-partition-size=10; this run has min-partition-size=1" in caplog.text
 
     with pytest.raises(DataError, match="holds fashion-mnist, the run uses cifar10"):
         read_partition_dir(Config.from_run_config({"dataset": "cifar10"}), folders[0], 0)

@@ -114,6 +114,10 @@ def test_a_split_that_leaves_classes_to_no_client_is_named(caplog):
     caplog.clear()
     warn_unheld(LABELS, partition_indices(LABELS, spec, 10, seed=0), spec)
     assert caplog.text == ""
+    shards = parse_partition("shards:3")  # a remainder below one shard: said so, not "larger k"
+    with caplog.at_level("WARNING", logger="flowerbed"):
+        warn_unheld(LABELS, partition_indices(LABELS, shards, 7, seed=0), shards)
+    assert "the remainder is dropped" in caplog.text and "larger k" not in caplog.text
 
 
 # ------------------------------------------------ found by a mutation review (session 37)

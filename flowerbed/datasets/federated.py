@@ -113,7 +113,9 @@ def client_data(cfg: Config, partition_id: int, num_partitions: int,
 
 #: the run-config keys that make a split: an export's partition.json records them, and a run on
 #: exported folders whose own values differ trains on the folders' split all the same
-EXPORT_KEYS = ("partition", "seed", "train-samples", "public-fraction", "local-test-fraction")
+# (min-partition-size: a Dirichlet split is redrawn until every client holds that many)
+EXPORT_KEYS = ("partition", "seed", "train-samples", "public-fraction", "local-test-fraction",
+               "min-partition-size")
 
 
 def split_settings(cfg: Config) -> dict[str, Any]:

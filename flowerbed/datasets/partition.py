@@ -92,9 +92,11 @@ def warn_unheld(labels: np.ndarray, parts: list[np.ndarray], partition: Partitio
     used = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     unheld = sorted(set(np.unique(labels).tolist()) - set(np.unique(labels[used]).tolist()))
     if len(used) < len(labels):
-        log.warning("partition %s leaves %d of %d training samples to no client%s; use more "
-                    "clients or a larger k", partition, len(labels) - len(used), len(labels),
-                    f" (classes {unheld} are held by none)" if unheld else "")
+        advice = ("flwr-datasets' shards have a whole number of samples each, and the remainder "
+                  "is dropped" if partition.kind == "shards" else "use more clients or a larger k")
+        log.warning("partition %s leaves %d of %d training samples to no client%s; %s", partition,
+                    len(labels) - len(used), len(labels),
+                    f" (classes {unheld} are held by none)" if unheld else "", advice)
 
 
 def _split(labels, partition, num_partitions, seed, min_size) -> tuple[np.ndarray, ...]:
