@@ -322,6 +322,9 @@ def comparison_title(overrides: dict[str, Any], n: int) -> str:
 #: the settings a comparison's header says every method shares (the first four always named)
 SHARED_KEYS = ("dataset", "partition", "seed", "num-server-rounds", "train-samples", "test-samples",
                "min-partition-size", "local-test-fraction")
+#: besides those, the settings that change the clients' data ("same partitions" no longer holds)
+DATA_KEYS = ("public-fraction", "fedade-shift", "fedade-schedule", "fedade-batch", "fedade-ber-chain",
+             "fedade-ber-p")
 
 
 def megabytes(n: float) -> str:
@@ -332,7 +335,7 @@ def megabytes(n: float) -> str:
 
 def exceptions(methods: Any) -> list[str]:
     """A line naming the rows whose @-overrides change a setting the header says is shared."""
-    changed = {m: [k for k in SHARED_KEYS if k in parse_variant(m)[1]] for m in methods}
+    changed = {m: [k for k in (*SHARED_KEYS, *DATA_KEYS) if k in parse_variant(m)[1]] for m in methods}
     varied = [f"{m} ({', '.join(keys)})" for m, keys in changed.items() if keys]
     return ["", "Except where a row's own settings change them: " + "; ".join(varied) + "."
             ] if varied else []
@@ -484,6 +487,7 @@ def seed_stats(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
         stats[key] = vals
         stats[f"{key}-mean"] = statistics.fmean(finite) if finite else None
         stats[f"{key}-std"] = statistics.stdev(finite) if len(finite) > 1 else None
+        stats[f"{key}-n"] = len(finite)  # < seeds-ok: a seed that ran but has no figure (diverged)
     for key in ("rounds", "rounds-aggregated", "client-failures-total"):  # per seed, as they are
         stats[key] = {s: r.get(key) for s, r in ok.items()}
     return stats
@@ -507,8 +511,9 @@ def mean_curve(runs: list[list[dict[str, Any]]], keys: tuple[str, ...] = ("accur
 def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n: int,
                 seeds: list[int]) -> str:
     def mean_sd(st: dict[str, Any], key: str) -> str:
-        sd = st.get(f"{key}-std")
-        return pct(st.get(f"{key}-mean")) + ("" if sd is None else f" ± {100 * sd:.2f}")
+        sd, n, ran = st.get(f"{key}-std"), st.get(f"{key}-n"), len(st["seeds-ok"])
+        short = f" ({n} of {ran} seeds)" if n is not None and 0 < n < ran else ""
+        return pct(st.get(f"{key}-mean")) + ("" if sd is None else f" ± {100 * sd:.2f}") + short
 
     def per_seed(st: dict[str, Any]) -> str:  # each value named by its seed
         by_seed = {str(s): v for s, v in st["final-accuracy"].items()}  # str keys once read back

@@ -167,6 +167,12 @@ def test_seed_tables_show_a_streams_mean_accuracy_failures_and_skipped_rounds():
     one = cmp.markdown_table({"fedade": run(0.56, 0.60, 0.58), "fedavg": {"final-accuracy": 0.7}},
                              {"num-server-rounds": 4}, 3)
     assert "| fedade | 60.00 | 58.00 | 56.00 |" in one and "| fedavg | - | - | 70.00 |" in one
+    # a seed that ran but whose model diverged (final accuracy None) is not quietly dropped from
+    # the mean (from a review: 81.00 ± 1.41 read as the mean of every seed)
+    diverged = {"fedade": cmp.seed_stats({0: run(0.80, 0.6, 0.6), 1: run(0.82, 0.6, 0.6),
+                                          2: run(None, 0.6, 0.6)})}
+    table = cmp.seeds_table(diverged, {"num-server-rounds": 4}, 3, [0, 1, 2])
+    assert "| 81.00 ± 1.41 (2 of 3 seeds) | 80.00 (s0), 82.00 (s1), - (s2) |" in table
 
 
 @pytest.mark.parametrize("argv,said", [
@@ -445,6 +451,9 @@ def test_tables_name_rows_that_change_the_shared_settings():
     table = cmp.markdown_table(results, {"num-server-rounds": 2}, 2)
     assert "Except where a row's own settings change them: fedavg@partition='iid' (partition)." in table
     assert "Except" not in cmp.markdown_table({"fedavg@lr=0.1": {}}, {}, 2)
+    # a public set carved out of the training data changes the clients' partitions too (a review)
+    table = cmp.markdown_table({"fedavg": {}, "feddf@public-fraction=0.1": {}}, {}, 2)
+    assert "Except where a row's own settings change them: feddf@public-fraction=0.1 (public-fraction)" in table
 
 
 def test_tables_name_runs_with_skipped_rounds():
