@@ -453,7 +453,8 @@ def test_tables_name_rows_that_change_the_shared_settings():
     assert "Except" not in cmp.markdown_table({"fedavg@lr=0.1": {}}, {}, 2)
     # a public set carved out of the training data changes the clients' partitions too (a review)
     table = cmp.markdown_table({"fedavg": {}, "feddf@public-fraction=0.1": {}}, {}, 2)
-    assert "Except where a row's own settings change them: feddf@public-fraction=0.1 (public-fraction)" in table
+    assert ("Except where a row's own settings change them: feddf@public-fraction=0.1 "
+            "(public-fraction)") in table
 
 
 def test_tables_name_runs_with_skipped_rounds():
