@@ -377,8 +377,9 @@ def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any]
         *([("mean online acc %", lambda s: pct(s.get("mean-accuracy")) if streams(s) else "-"),
            ("mean pre-update acc %", lambda s: pct(s.get("mean-pre-accuracy")))] if stream else []),
         *([("initial acc %", lambda s: pct(s.get("initial-accuracy")))] if initial else []),
-        ("final acc %", lambda s: pct(s.get("final-accuracy"))),
-        *([("client acc %", lambda s: pct(s.get(CLIENT_ACC)))] if client else []),
+        ("final acc %", lambda s: pct(s.get("final-accuracy")) + early(s, "final-round")),
+        *([("client acc %", lambda s: pct(s.get(CLIENT_ACC)) + early(s, "final-client-round"))]
+          if client else []),
         ("best acc % (round)", lambda s: f"{pct(s.get('best-accuracy'))} ({s.get('best-round')})"),
         ("up MB/client/round", lambda s: "-" if s.get("bytes-up-per-client-round") is None
          else megabytes(s["bytes-up-per-client-round"])),
@@ -393,6 +394,13 @@ def markdown_table(results: dict[str, dict[str, Any]], overrides: dict[str, Any]
              *md_table(["method", *(h for h, _ in cols)], rows), *varied, *skipped_rounds(results)]
     lines += failed_reasons({m: s["error"] for m, s in results.items() if "error" in s})
     return "\n".join(lines + notes(client, stream, initial, (s.get("method") for s in results.values())))
+
+
+def early(s: dict[str, Any], key: str) -> str:
+    """" (round r)" after a final figure that comes from a round before the run's last (no later
+    round was scored: every client failed, or the model's outputs were NaN)."""
+    r, n = s.get(key), s.get("rounds")
+    return f" (round {r})" if r is not None and n is not None and r < n else ""
 
 
 def failed_reasons(errors: dict[str, str]) -> list[str]:

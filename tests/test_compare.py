@@ -173,6 +173,12 @@ def test_seed_tables_show_a_streams_mean_accuracy_failures_and_skipped_rounds():
                                           2: run(None, 0.6, 0.6)})}
     table = cmp.seeds_table(diverged, {"num-server-rounds": 4}, 3, [0, 1, 2])
     assert "| 81.00 ± 1.41 (2 of 3 seeds) | 80.00 (s0), 82.00 (s1), - (s2) |" in table
+    # a final figure from a round before the last says which (from a review)
+    late = {"final-accuracy": 0.7, "final-round": 3, "final-client-accuracy": 0.72,
+            "final-client-round": 1, "rounds": 4}
+    assert "| 70.00 (round 3) | 72.00 (round 1) |" in cmp.markdown_table({"fedavg": late}, {}, 3)
+    assert "| 70.00 | 72.00 |" in cmp.markdown_table({"fedavg": {**late, "final-round": 4,
+                                                                   "final-client-round": 4}}, {}, 3)
 
 
 @pytest.mark.parametrize("argv,said", [

@@ -429,6 +429,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
             "final-round": final.get("round"),  # the last round that was evaluated
             # the clients' local test splits (personalised accuracy): one column for every method
             "final-client-accuracy": final_client.get("client-accuracy"),
+            "final-client-round": final_client.get("round"),
             "best-accuracy": best["accuracy"], "best-round": best["round"],
             "initial-accuracy": rows[0].get("accuracy") if rows else None,
             "mean-accuracy": _mean([r.get("accuracy") for r in rows[1:]]),
