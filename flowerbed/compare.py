@@ -29,6 +29,7 @@ from flowerbed.results import (
     plot_curves,
     read_metrics,
     refuse_live_writer,
+    write_text_atomic,
 )
 
 log = logging.getLogger("flowerbed")
@@ -186,19 +187,19 @@ def _run_plan(out: Path, plan: dict[str, tuple[dict[str, Any], str]],
             finally:  # failed or interrupted before its first file: no empty folder left
                 with contextlib.suppress(OSError):
                     run_dir.rmdir()  # only if empty
-            (out / "results.json").write_text(json.dumps(results, indent=2))
+            write_text_atomic(out / "results.json", json.dumps(results, indent=2))
 
 
 def _write_tables(out: Path, results: dict[str, dict[str, Any]], overrides: dict[str, Any],
                   num_clients: int) -> str:
     """A comparison's ``results.json``, ``table.md`` and plots, of the runs in ``results``."""
-    (out / "results.json").write_text(json.dumps(results, indent=2))  # also when all were kept
+    write_text_atomic(out / "results.json", json.dumps(results, indent=2))  # also when all were kept
     curves = {m: read_metrics(out / run_label(m)) for m, r in results.items() if "error" not in r}
     plot_comparison(curves, out, comparison_title(overrides, num_clients),
                     [m for m, r in results.items() if "error" in r])
     table = "\n".join([markdown_table(results, overrides, num_clients),
                        *shared_settings(run_configs(out / run_label(m) for m in results))])
-    (out / "table.md").write_text(table + "\n")
+    write_text_atomic(out / "table.md", table + "\n")
     log.info("compare: wrote %s", out)
     return table
 
@@ -465,7 +466,7 @@ def write_seed_tables(out: Path, summary: dict[str, dict[str, Any]], per_seed: d
     """A table over seeds into ``out``: ``results.json`` (summary and per seed), ``table.md``
     (``extra`` lines under it) and the mean curves of each row's finished ``runs``; returns the
     table."""
-    (out / "results.json").write_text(json.dumps(
+    write_text_atomic(out / "results.json", json.dumps(
         {"seeds": seeds, "summary": summary, "per-seed": per_seed}, indent=2))
     curves = {}
     for m, rows in runs.items():  # a method some of whose seeds failed: its label names the others
@@ -477,7 +478,7 @@ def write_seed_tables(out: Path, summary: dict[str, dict[str, Any]], per_seed: d
                     + f", mean of seeds {seeds} (band: ± 1 std)",
                     [m for m, c in curves.items() if not c])
     table = "\n".join([seeds_table(summary, overrides, n, seeds), *extra])
-    (out / "table.md").write_text(table + "\n")
+    write_text_atomic(out / "table.md", table + "\n")
     log.info("%s: wrote %s", command, out)
     return table
 

@@ -31,11 +31,16 @@ def _clean(v: Any) -> Any:
     return v
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write a file so that a crash or a kill mid-write leaves the previous one intact."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON so that a crash mid-write leaves the previous file intact."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(_clean(data), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(_clean(data), indent=2, sort_keys=True) + "\n")
 
 
 def read_json(path: Path) -> dict[str, Any]:

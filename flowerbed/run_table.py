@@ -23,7 +23,7 @@ from flowerbed.compare import (
     write_seed_tables,
 )
 from flowerbed.config import ConfigError, defaults, reads
-from flowerbed.results import new_folder, read_metrics
+from flowerbed.results import new_folder, read_metrics, write_text_atomic
 
 #: what fixes the clients' data (and Fed-ADE's streams): runs that differ in one of these were
 #: not on the same data
@@ -133,9 +133,9 @@ def table_of_runs(paths: list[Path], out: Path | None = None) -> tuple[str, Path
                        *shared_settings(configs.values()), *_differences(configs, labels),
                        "", "Runs: " + "; ".join(f"{labels[d]}: {d}" for d in runs) + "."])
     out = _table_folder(out, list(results))
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    write_text_atomic(out / "results.json", json.dumps(results, indent=2))
     plot_comparison(curves, out, comparison_title(shared, n), [m for m in results if m not in curves])
-    (out / "table.md").write_text(table + "\n")
+    write_text_atomic(out / "table.md", table + "\n")
     log.info("table: wrote %s", out)
     return table, out
 
