@@ -27,8 +27,10 @@ from flowerbed.results import (
     own_measures,
     pct,
     plot_curves,
+    read_json,
     read_metrics,
     refuse_live_writer,
+    software_differences,
     write_text_atomic,
 )
 
@@ -197,8 +199,9 @@ def _write_tables(out: Path, results: dict[str, dict[str, Any]], overrides: dict
     curves = {m: read_metrics(out / run_label(m)) for m, r in results.items() if "error" not in r}
     plot_comparison(curves, out, comparison_title(overrides, num_clients),
                     [m for m, r in results.items() if "error" in r])
+    configs = {m: c for m in results if (c := read_json(out / run_label(m) / "config.json"))}
     table = "\n".join([markdown_table(results, overrides, num_clients),
-                       *shared_settings(run_configs(out / run_label(m) for m in results))])
+                       *shared_settings(configs.values()), *software_differences(configs)])
     write_text_atomic(out / "table.md", table + "\n")
     log.info("compare: wrote %s", out)
     return table
@@ -454,9 +457,10 @@ def _compare_seeds(methods: list[str], overrides: dict[str, Any], seeds: list[in
                for m in methods}
     runs = {m: [read_metrics(out / f"seed-{s}" / run_label(m)) for s in summary[m]["seeds-ok"]]
             for m in methods}
-    configs = run_configs(out / f"seed-{s}" / run_label(m) for s in seeds for m in methods)
+    configs = {f"{m} (seed {s})": c for s in seeds for m in methods
+               if (c := read_json(out / f"seed-{s}" / run_label(m) / "config.json"))}
     return write_seed_tables(out, summary, per_seed, runs, overrides, num_clients, seeds,
-                             tuple(shared_settings(configs)))
+                             (*shared_settings(configs.values()), *software_differences(configs)))
 
 
 def write_seed_tables(out: Path, summary: dict[str, dict[str, Any]], per_seed: dict[int, Any],
@@ -587,7 +591,3 @@ def shared_settings(configs: Any) -> list[str]:
     return ["", head + ", ".join(shown) + "."] if shown else []
 
 
-def run_configs(folders: Any) -> list[dict[str, Any]]:
-    """The config.json of each of ``folders`` that has one (a run that never started has none)."""
-    return [json.loads((d / "config.json").read_text()) for d in folders
-            if (d / "config.json").is_file()]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
+import hashlib
 import json
 import logging
 import math
@@ -269,18 +271,44 @@ def refuse_live_writer(run_dir: Path) -> None:
             pass
 
 
+@functools.cache
+def code_digest() -> str:
+    """flowerbed's own code, as a short digest of its .py files (where and how it was installed
+    aside: a Flower app bundle's copy gives the checkout's digest)."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
 def software() -> dict[str, str]:
-    """What a run's figures depend on besides its config: the versions of torch, flwr and
-    Python, and the environment they come from: the site-packages torch was loaded from (Flower
-    puts a per-run environment's first on ``sys.path``; ``sys.prefix`` stays the interpreter's)."""
+    """What a run's figures depend on besides its config: flowerbed's code (:func:`code_digest`),
+    the versions of torch, flwr and Python, and the environment they come from: the
+    site-packages torch was loaded from (Flower puts a per-run environment's first on
+    ``sys.path``; ``sys.prefix`` stays the interpreter's)."""
     import platform
 
     import flwr
     import torch
 
-    return {"torch": torch.__version__, "flwr": flwr.__version__,
+    return {"flowerbed": code_digest(), "torch": torch.__version__, "flwr": flwr.__version__,
             "python": platform.python_version(),
             "environment": str(Path(torch.__file__).resolve().parents[1])}
+
+
+def software_differences(configs: dict[str, dict[str, Any]]) -> list[str]:
+    """The line under a table naming the code and software of each run (``configs``: config.json
+    by row label) where they differ, e.g. runs resumed after a code change or from two machines."""
+    def of(sw: dict[str, Any]) -> str:
+        code = f", flowerbed code {sw['flowerbed']}" if sw.get("flowerbed") else ""
+        return f"torch {sw.get('torch')}, flwr {sw.get('flwr')}{code}"
+
+    software = {label: of(sw) for label, c in configs.items() if isinstance(sw := c.get("software"), dict)}
+    if len(set(software.values())) < 2:
+        return []
+    return ["", "The runs ran on different code or software: "
+            + "; ".join(f"{k}: {v}" for k, v in software.items()) + "."]
 
 
 def refuse_existing(run_dir: Path) -> None:

@@ -23,7 +23,7 @@ from flowerbed.compare import (
     write_seed_tables,
 )
 from flowerbed.config import ConfigError, defaults, reads
-from flowerbed.results import new_folder, read_metrics, write_text_atomic
+from flowerbed.results import new_folder, read_metrics, software_differences, write_text_atomic
 
 #: what fixes the clients' data (and Fed-ADE's streams): runs that differ in one of these were
 #: not on the same data
@@ -167,12 +167,7 @@ def _differences(configs: dict[Any, dict[str, Any]], labels: dict[Any, str],
         lines += ["", "Settings that differ between the runs: " + "; ".join(shown)
                   + (f"; and {len(differ) - 8} more" if len(differ) > 8 else "") + "."]
     runs = configs if runs is None else runs
-    software = {labels.get(d, d): f"torch {sw.get('torch')}, flwr {sw.get('flwr')}"
-                for d, c in runs.items() if isinstance(sw := c.get("software"), dict)}
-    if len(set(software.values())) > 1:  # e.g. runs from two machines: say so beside the figures
-        lines += ["", "The runs ran on different software: "
-                  + "; ".join(f"{k}: {v}" for k, v in software.items()) + "."]
-    return lines
+    return lines + software_differences({labels.get(d, d): c for d, c in runs.items()})
 
 
 def _export_seed_left_out(data: Any) -> Any:

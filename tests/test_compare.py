@@ -923,7 +923,15 @@ def test_table_of_runs_made_separately(tmp_path, capsys, caplog):
     other = {"torch": "9.9", "flwr": "1.42.0"}  # as from another machine
     cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "software": other}))
     table, _ = run_table.table_of_runs(runs, tmp_path / "two-table")
-    assert "The runs ran on different software: " in table and "b/seed-0/fedavg: torch 9.9" in table
+    assert "The runs ran on different code or software: " in table and "b/seed-0/fedavg: torch 9.9" in table
+    # the same packages, other flowerbed code (a run resumed after a change): said too (a review)
+    from flowerbed.results import code_digest, software
+
+    assert len(code_digest()) == 12 and software()["flowerbed"] == code_digest()
+    changed = {**json.loads(cfg.read_text()), "software": {**software(), "flowerbed": "0" * 12}}
+    cfg.write_text(json.dumps(changed))
+    table, _ = run_table.table_of_runs(runs, tmp_path / "two-table")
+    assert "b/seed-0/fedavg: torch" in table and "flowerbed code 000000000000" in table
     assert cli.main(["table", *map(str, runs[:2]), "--out", str(runs[0] / "t")]) == 2
     assert "inside one" in capsys.readouterr().err
     (tmp_path / "seeds" / "seed-0").mkdir(parents=True)
