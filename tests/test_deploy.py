@@ -205,7 +205,7 @@ def test_a_run_on_exported_folders_records_their_split(tmp_path, caplog):
         run_inprocess({**base, "run-name": "own"}, 3, folders)
     config = json.loads((tmp_path / "own" / "config.json").read_text())
     exported = {"partition": "iid", "seed": 3, "train-samples": 600, "public-fraction": 0.0,
-                "local-test-fraction": 0.1}
+                "local-test-fraction": 0.1, "min-partition-size": 10}
     assert config["client-data"] == {"own-folders": 3, "clients": 3, "exported-with": exported,
                                      "by-partition": {"0": exported, "1": exported, "2": exported}}
     assert ("3 of 3 clients train on their own data folders (3 exported with partition='iid', "
@@ -217,7 +217,8 @@ def test_a_run_on_exported_folders_records_their_split(tmp_path, caplog):
         run_table.table_of_runs([tmp_path / "own", tmp_path / "seeded"], tmp_path / "t")
     table, _ = run_table.table_of_runs([tmp_path / "own"], tmp_path / "t1")
     assert ("3 of the 3 clients read their own data folders, exported with local-test-fraction 0.1, "
-            "partition 'iid', public-fraction 0.0, seed 3, train-samples 600; the header's") in table
+            "min-partition-size 10, partition 'iid', public-fraction 0.0, seed 3, train-samples 600; "
+            "the header's") in table
     # another seed's run on its seed's export: a table over seeds (the exports' seed left out)
     other = tmp_path / "seed1"
     shutil.copytree(tmp_path / "own", other)
@@ -226,7 +227,7 @@ def test_a_run_on_exported_folders_records_their_split(tmp_path, caplog):
     (other / "config.json").write_text(json.dumps(config))
     table, _ = run_table.table_of_runs([tmp_path / "own", other], tmp_path / "t2")
     assert "seeds 0, 1 (mean ± sample std over seeds)" in table and "exported with local-test-fraction " \
-        "0.1, partition 'iid', public-fraction 0.0, train-samples 600;" in table
+        "0.1, min-partition-size 10, partition 'iid', public-fraction 0.0, train-samples 600;" in table
     config["seed"] = 0  # the same run seed on another export: other data
     (other / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="their client-data differs"):
