@@ -213,6 +213,12 @@ def test_a_run_on_exported_folders_records_their_split(tmp_path, caplog):
             "folders' split; config.json records both (client-data)") in caplog.text
     run_inprocess({**base, "run-name": "seeded"}, 3)
     assert json.loads((tmp_path / "seeded" / "config.json").read_text())["client-data"] is None
+    # a run config whose split is impossible on the full data does not stop a run on the
+    # clients' own folders, whose split is nobody's (from a review: the server checked it)
+    with pytest.raises(Exception, match="300 shards x 3 clients exceeds 600 samples"):
+        run_inprocess({**base, "run-name": "shards-seeded", "partition": "shards:300"}, 3)
+    run_inprocess({**base, "run-name": "shards-own", "partition": "shards:300"}, 3, folders)
+    assert (tmp_path / "shards-own" / "summary.json").is_file()
     with pytest.raises(ConfigError, match="not on the same data: their client-data differs"):
         run_table.table_of_runs([tmp_path / "own", tmp_path / "seeded"], tmp_path / "t")
     table, _ = run_table.table_of_runs([tmp_path / "own"], tmp_path / "t1")
