@@ -97,6 +97,7 @@ def restore(cfg: Config, context: Context, run_key: str, partition_id: int, serv
     if not d.is_dir():  # the run's folder was renamed since: its state is under the old name
         d = _filed_under_another_name(cfg, run_key, partition_id) or d
     _restore_releases(context, d, server_round)
+    _abandon(d, server_round, partition_id)
     earlier = [r for r in _rounds(d) if r < server_round] if d.is_dir() else []
     if not earlier:  # said only where the method's client keeps state (Client.keeps_state)
         log.log(logging.INFO if keeps_state else logging.DEBUG, "partition %d: no filed state from "
@@ -136,13 +137,32 @@ def _filed_under_another_name(cfg: Config, run_key: str, partition_id: int) -> P
     return d
 
 
+def _abandon(d: Path, server_round: int, partition_id: int) -> None:
+    """Set aside the state filed in ``server_round`` or later: rounds of the attempt the resumed
+    run rolls back past. Left in place, a later resume (or a restore after a failed first
+    message) could take one of them for the newest state from before its round."""
+    for r in [r for r in _rounds(d) if r >= server_round] if d.is_dir() else []:
+        with contextlib.suppress(OSError):
+            (d / f"round-{r}.pt").replace(d / f"abandoned-round-{r}.pt")
+            log.info("partition %d: its state filed in round %d, which the resumed run repeats, "
+                     "set aside as %s", partition_id, r, d / f"abandoned-round-{r}.pt")
+
+
+def _abandoned(d: Path) -> list[int]:
+    return [int(m.group(1)) for p in d.glob("abandoned-round-*.pt")
+            if (m := re.fullmatch(r"abandoned-round-(\d+)\.pt", p.name))]
+
+
 def _restore_releases(context: Context, d: Path, server_round: int) -> None:
     """``released.*`` records filed in ``server_round`` or later (the server died after the
-    client's reply but before its checkpoint): a repeated round re-sends them, never a new draw."""
-    for r in sorted((r for r in _rounds(d) if r >= server_round), reverse=True) if d.is_dir() else []:
+    client's reply but before its checkpoint), or set aside by an earlier resume: a repeated
+    round re-sends them, never a new draw."""
+    files = ([d / f"round-{r}.pt" for r in sorted((r for r in _rounds(d) if r >= server_round), reverse=True)]
+             + [d / f"abandoned-round-{r}.pt" for r in sorted(_abandoned(d), reverse=True)]
+             if d.is_dir() else [])
+    for f in files:
         with contextlib.suppress(Exception):  # a damaged file: the next older one, or none
-            arrays = decode(torch.load(d / f"round-{r}.pt", map_location="cpu",
-                                       weights_only=True))["arrays"]
+            arrays = decode(torch.load(f, map_location="cpu", weights_only=True))["arrays"]
             found = {k: v for k, v in arrays.items() if k.startswith(RELEASED)}
             for k, v in found.items():
                 context.state[k] = v if isinstance(v, ArrayRecord) else ArrayRecord(v)

@@ -739,6 +739,32 @@ def test_a_damaged_client_state_file_falls_back_to_the_round_before(tmp_path, ca
     assert resumed.state["c"]["round"] == 1 and "cannot read its state" in caplog.text
 
 
+def test_state_filed_in_the_rounds_a_resume_repeats_is_never_restored_later(tmp_path):
+    """From a review: a resume took the newest state from before its round but left the
+    abandoned attempt's later files in place, so a second resume (the partition not sampled in
+    between) restored state from a round the server had rolled back past. They are set aside
+    now; their released.* records (FedXDS's) still come back."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
+
+    from flowerbed import client_state
+
+    cfg = Config.from_run_config({"client-state-dir": str(tmp_path)})
+
+    def ctx(state=None):
+        return Context(run_id=1, node_id=1, node_config={}, state=state or RecordDict(), run_config={})
+
+    released = ArrayRecord({"x": Array(np.ones(2, np.float32))})
+    for rnd in (5, 6):  # filed in rounds 5 and 6; the server died in round 6
+        client_state.save(cfg, ctx(RecordDict({"c": ConfigRecord({"round": rnd}),
+                                               "released.shared": released})), "run-a", 0, rnd)
+    first = ctx()
+    assert client_state.restore(cfg.replace(resume="x"), first, "run-a", 0, 6) == 5
+    second = ctx()  # not sampled in rounds 6 and 7; the server died in round 8
+    assert client_state.restore(cfg.replace(resume="x"), second, "run-a", 0, 8) == 5
+    assert second.state["c"]["round"] == 5 and "released.shared" in second.state.array_records
+    assert (tmp_path / "run-a" / "partition-0" / "abandoned-round-6.pt").is_file()
+
+
 def test_a_renamed_run_still_finds_its_clients_state(tmp_path):
     """Found by a review: the key is the folder's name plus the run id, so a run folder renamed
     (or moved aside by compare and resumed there) found none of its clients' state, and SCAFFOLD's
