@@ -56,29 +56,48 @@ def _bin(name: str) -> str:
     return found
 
 
-def _ephemeral_low(default: int = 32768) -> int:
-    """The lowest port the kernel hands out to outgoing connections (read on Linux; elsewhere
-    32768, Linux's default, below the 49152 of macOS and Windows)."""
+def _ephemeral_range(default: tuple[int, int] = (32768, 60999)) -> tuple[int, int]:
+    """The ports the kernel hands out to outgoing connections (read on Linux; elsewhere Linux's
+    default, which starts below the 49152 of macOS and Windows)."""
     try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
+        low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2])
+        return low, high
+    except (OSError, ValueError):
         return default
 
 
+def _port_choices() -> tuple[int, int]:
+    """[start, stop) to pick a port from outside the ephemeral range: below it from 10000, or,
+    where that range starts low (a widened one, e.g. 1024-65535), above it; else 10000-60000."""
+    low, high = _ephemeral_range()
+    if low - 10000 >= 1000:
+        return 10000, low
+    if 65536 - (high + 1) >= 1000:
+        return high + 1, 65536
+    return 10000, 60000  # no room outside it: the bind check below is all there is
+
+
+_HANDED_OUT: set[int] = set()  # this process's picks: a port not yet bound by its server is not free
+
+
 def free_port() -> int:
-    """A TCP port nothing listens on, below the kernel's ephemeral range. A port the kernel hands
+    """A TCP port nothing listens on, outside the kernel's ephemeral range, and not one this
+    process handed out before (a SuperNode started just now may not listen yet). A port the kernel hands
     out (a bind to port 0) is free again once we close our probe, and until the SuperLink or
     SuperNode we start binds it, any outgoing connection may take it as its local port: a
     SuperNode's connection to its SuperLink did, and the next SuperNode died with 'address already
     in use' (the deployment tests, 2026-12-06). Ports below that range are only ever taken by a
     bind, so a random one that binds now stays free."""
-    rng, low = random.SystemRandom(), max(_ephemeral_low(), 10001)
+    rng, (start, stop) = random.SystemRandom(), _port_choices()
     for _ in range(100):
+        if (port := rng.randrange(start, stop)) in _HANDED_OUT:  # (a SuperNode not yet listening)
+            continue
         with socket.socket() as s:
             try:
-                s.bind(("127.0.0.1", port := rng.randrange(10000, low)))
+                s.bind(("127.0.0.1", port))
             except OSError:  # taken (or in TIME_WAIT): another
                 continue
+            _HANDED_OUT.add(port)
             return port
     with socket.socket() as s:  # every try taken: what the kernel hands out
         s.bind(("127.0.0.1", 0))

@@ -108,13 +108,22 @@ def test_ports_we_pick_are_outside_the_kernels_ephemeral_range(monkeypatch):
 
     from flowerbed import engine
 
-    low = engine._ephemeral_low()
-    assert 10000 < low and all(10000 <= free_port() < low for _ in range(20))
+    low, _ = engine._ephemeral_range()
+    picked = [free_port() for _ in range(20)]
+    assert 10000 < low and all(10000 <= p < low for p in picked) and len(set(picked)) == 20
+    engine._HANDED_OUT.clear()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
-        picks = iter([taken.getsockname()[1], 12345])
+        picks = iter([taken.getsockname()[1], 12345, 12345, 12346])
         monkeypatch.setattr(engine.random.SystemRandom, "randrange", lambda self, a, b: next(picks))
         assert free_port() == 12345
+        assert free_port() == 12346  # (from a review: handed out twice before either was bound)
+    # a range widened to start low (1024-65535 is common tuning) left one port to pick from:
+    # every SuperNode got 10000 (from a review)
+    monkeypatch.setattr(engine, "_ephemeral_range", lambda: (1024, 60999))
+    assert engine._port_choices() == (61000, 65536)
+    monkeypatch.setattr(engine, "_ephemeral_range", lambda: (1024, 65535))
+    assert engine._port_choices() == (10000, 60000)
 
 
 def test_the_logged_command_can_be_pasted_into_a_shell(tmp_path, caplog):
