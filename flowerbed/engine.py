@@ -154,8 +154,10 @@ def log_header(what: str) -> str:
     return f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} {what}\n"
 
 
-def _start(home: Path, port: int, out) -> subprocess.Popen:
-    """Start a simulation SuperLink writing to the open file ``out``; wait for its port."""
+def _start(home: Path, port: int, out, pid_files: tuple[Path, ...] = ()) -> subprocess.Popen:
+    """Start a simulation SuperLink writing to the open file ``out``; wait for its port. Its pid
+    goes to ``pid_files`` at once, before the wait (a launcher killed while it waits leaves a
+    SuperLink that reap_orphans or `superlink down` must find)."""
     home.mkdir(parents=True, exist_ok=True)
     _write_connection(home, port)
     cmd = [_bin("flower-superlink"), "--insecure", "--simulation",
@@ -165,6 +167,8 @@ def _start(home: Path, port: int, out) -> subprocess.Popen:
     proc = subprocess.Popen(cmd, env=flwr_env(home), stdout=out, stderr=subprocess.STDOUT,
                             cwd=PROJECT, start_new_session=True)
     try:
+        for f in pid_files:
+            _write_pid(f, proc.pid)
         wait_superlink(proc, "127.0.0.1", port, Path(out.name))
     except BaseException:  # a SuperLink that never opened its port is not left behind
         _stop(proc)
@@ -193,8 +197,7 @@ def superlink_up(home: Path | None = None, port: int = 39191) -> int:
         if port_open("127.0.0.1", port):
             raise EngineError(f"port {port} is in use (another SuperLink?); pick another with --port")
         with open(home / "superlink.log", "ab") as out:
-            proc = _start(home, port, out)
-        _write_pid(pid_file, proc.pid)
+            proc = _start(home, port, out, (pid_file,))
     return proc.pid
 
 
@@ -333,10 +336,9 @@ def local_superlink(home: Path | None = None, port: int | None = None,
     home.mkdir(parents=True, exist_ok=True)
     out = open(log_file or (shared_home() if own else home) / "superlink.log", "ab")  # noqa: SIM115
     try:
-        proc = _start(home, port, out)
-        if own:  # for reap_orphans, should this launcher be killed
+        if own:  # for reap_orphans, should this launcher be killed (also while the SuperLink starts)
             _write_pid(home / "launcher.pid", os.getpid())
-            _write_pid(home / "superlink.pid", proc.pid)
+        proc = _start(home, port, out, (home / "superlink.pid",) if own else ())
         try:
             log.info("SuperLink (pid %d) on 127.0.0.1:%d, FLWR_HOME=%s", proc.pid, port, home)
             yield home, CONNECTION

@@ -636,15 +636,20 @@ def test_a_superlink_that_never_opens_its_port_is_stopped(tmp_path, monkeypatch)
     fake.chmod(0o755)
     monkeypatch.setattr(engine, "_bin", lambda name: str(fake))
 
+    filed = []
+
     def never(proc, *a, **k):  # the shell creates the file before it writes the pid into it
+        # its pid is filed before the wait: a launcher killed now leaves it findable (a review)
+        filed.append(engine._read_pid(tmp_path / "home" / "superlink.pid"))
         while not ((tmp_path / "pid").exists() and (tmp_path / "pid").read_text().endswith("\n")):
             time.sleep(0.01)
         raise engine.SuperLinkTimeout("did not open its port")
 
     monkeypatch.setattr(engine, "wait_superlink", never)
     with pytest.raises(engine.SuperLinkTimeout), open(tmp_path / "log", "ab") as out:
-        engine._start(tmp_path / "home", free_port(), out)
+        engine._start(tmp_path / "home", free_port(), out, (tmp_path / "home" / "superlink.pid",))
     assert not _alive(int((tmp_path / "pid").read_text()))
+    assert filed[0] is not None and filed[0][0] == int((tmp_path / "pid").read_text())
 
 
 def test_run_config_strings_flwr_cannot_read_back_are_refused():
