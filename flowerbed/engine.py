@@ -528,6 +528,10 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
                                 run_config["run-name"], run_dir)
                 elif run_id is not None:
                     stop_run(home, connection, run_id)
+                else:  # flwr may have submitted it before it printed the id: say how to look
+                    log.warning("interrupted before `flwr run` named its run id: if it was "
+                                "submitted, it may still run; `flwr list %s` (FLWR_HOME=%s) shows "
+                                "it and `flwr stop <run-id> %s` stops it", connection, home, connection)
                 raise
     finally:
         if sink:
