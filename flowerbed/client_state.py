@@ -185,3 +185,6 @@ def prune(cfg: Config, run_key: str) -> None:
         for old in sorted(_rounds(d))[:-1]:
             with contextlib.suppress(OSError):
                 (d / f"round-{old}.pt").unlink()
+        for old in _abandoned(d):  # (the newest state carries any released.* records too)
+            with contextlib.suppress(OSError):
+                (d / f"abandoned-round-{old}.pt").unlink()

@@ -172,6 +172,8 @@ def _start(home: Path, port: int, out, pid_files: tuple[Path, ...] = ()) -> subp
         wait_superlink(proc, "127.0.0.1", port, Path(out.name))
     except BaseException:  # a SuperLink that never opened its port is not left behind
         _stop(proc)
+        for f in pid_files:  # nor named as running
+            f.unlink(missing_ok=True)
         raise
     return proc
 

@@ -650,6 +650,7 @@ def test_a_superlink_that_never_opens_its_port_is_stopped(tmp_path, monkeypatch)
         engine._start(tmp_path / "home", free_port(), out, (tmp_path / "home" / "superlink.pid",))
     assert not _alive(int((tmp_path / "pid").read_text()))
     assert filed[0] is not None and filed[0][0] == int((tmp_path / "pid").read_text())
+    assert not (tmp_path / "home" / "superlink.pid").exists()  # not named as running once stopped
 
 
 def test_run_config_strings_flwr_cannot_read_back_are_refused():

@@ -763,6 +763,8 @@ def test_state_filed_in_the_rounds_a_resume_repeats_is_never_restored_later(tmp_
     assert client_state.restore(cfg.replace(resume="x"), second, "run-a", 0, 8) == 5
     assert second.state["c"]["round"] == 5 and "released.shared" in second.state.array_records
     assert (tmp_path / "run-a" / "partition-0" / "abandoned-round-6.pt").is_file()
+    client_state.prune(cfg, "run-a")  # a finished run keeps its newest state only
+    assert not list((tmp_path / "run-a" / "partition-0").glob("abandoned-*"))
 
 
 def test_a_renamed_run_still_finds_its_clients_state(tmp_path):

@@ -115,7 +115,8 @@ class ATLASClient(FedADEClient):
                                                  "t_n": Array(np.array([moved, n], np.int64))})
         p = np.exp(log_w) / np.exp(log_w).sum()
         ok = np.isfinite(losses) & (p > 0)  # a diverged base's NaN risk left out, the others reweighted
-        risk = float(p[ok] @ losses[ok] / p[ok].sum()) if ok.any() else float("nan")
+        risk = (float(p @ losses) if ok.all() else
+                float(p[ok] @ losses[ok] / p[ok].sum()) if ok.any() else float("nan"))
         metrics.update({"num-examples": len(y), "lr": float(p @ pool), "top-weight": float(p.max()),
                         "time-step": t, "risk": risk})
         return self.reply(msg, metrics)  # metrics only: nothing is aggregated

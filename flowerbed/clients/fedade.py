@@ -270,12 +270,13 @@ class FedADEClient(Client):
         shared = ArrayRecord({k: v for k, v in record.items() if not is_personal(k)})
         # a model gone NaN: its layers and buffers dropped (the server sends the whole model
         # again after this round's refused reply), not kept for the rest of the run
-        if self.keep_model(PERSONAL, ArrayRecord({k: v for k, v in record.items() if is_personal(k)}),
-                           BUFFERS, SHARED_OWN, finite=is_finite(shared)) and not cfg.fedade_sync:
+        kept = self.keep_model(PERSONAL, ArrayRecord({k: v for k, v in record.items() if is_personal(k)}),
+                               BUFFERS, SHARED_OWN, finite=is_finite(shared))
+        if kept and not cfg.fedade_sync:
             self.context.state[SHARED_OWN] = shared
         metrics = {"num-examples": len(y), "lr": lr, "s-unc": s_unc, "s-rep": s_rep, "time-step": t, **pre}
-        if np.isfinite(loss):  # (none at learning rate 0: no step was taken)
-            metrics["risk"] = loss
+        if np.isfinite(loss) or not kept:  # (none at learning rate 0: no step was taken)
+            metrics["risk"] = loss if kept else float("nan")  # dropped layers: the reply is refused
         return self.reply(msg, metrics, arrays=shared)
 
     def evaluate(self, msg: Message) -> Message:

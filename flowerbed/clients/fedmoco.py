@@ -73,7 +73,8 @@ class MoCoClient(MomentumClient):
             return super().target_projections(x1, x2)
         x = torch.cat([x1, x2])
         # torch's CPU RNG, seeded per client and round (on the CPU whatever the device, so that a
-        # GPU run draws the same groups and the same augmentations after them as a CPU run)
+        # GPU run draws the same groups as a CPU run, and, with ssl-augment='per-sample', the same
+        # augmentations after them)
         perm = torch.randperm(len(x)).to(x.device)
         # near-equal groups of at least 2 (train-mode BatchNorm needs two values per channel)
         groups = x[perm].tensor_split(max(1, min(BN_SPLITS, len(x) // 2)))
