@@ -197,7 +197,10 @@ def test_every_fault_kind_for_every_method(tmp_path, method):
     slow = "no reply before timeout"
     assert all(failed[k] == slow for k in set(failed) - chosen), reasons
     assert summary["client-failures-total"] == len(failed), reasons
-    assert all(r["clients-ok"] + r["clients-failed"] == r["clients-sampled"] for r in rows)
+    # (clients-failed also counts evaluation failures: a loaded machine can hold a client's
+    # evaluation reply past the timeout too, as the clean-clone CI of c456abf saw for ATLAS)
+    assert all(r["clients-ok"] + sum(f["phase"] == "train" for f in r["failures"]) == r["clients-sampled"]
+               for r in rows)
     needle = {"raise": "injected fault", "nan": "NaN", "shape": "shape", "hang": slow}
     for r, p in chosen:  # each fault by its own reason; a faulty client that trains first (NaN,
         # shape) may also be held past the timeout by a loaded machine (two pytest-xdist workers),
