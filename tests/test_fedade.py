@@ -345,7 +345,7 @@ def test_bbse_risk_is_the_reweighted_class_risk():
                          model_input=lambda t: t.float(), black_box=lambda msg: f0)
     msg = SimpleNamespace(content={"bbse": {"confusion": Array(conf), "ref_x": Array(rx.numpy()),
                                             "ref_y": Array(ry.numpy())}})
-    got = FedADEClient.risk(me, model, x, msg).item()
+    got = FedADEClient.risk_on(me, x, msg)(model).item()
     with torch.no_grad():  # the label mix from f0's predictions (from a review: it was the adapted model's)
         freq = np.bincount(f0(x).argmax(1).numpy(), minlength=2) / len(x)
         assert not np.array_equal(freq, np.bincount(model(x).argmax(1).numpy(), minlength=2) / len(x))
@@ -461,3 +461,17 @@ def test_bbse_runs_end_to_end_with_the_fixed_classifier_sent_once(method, tmp_pa
     assert summary["mean-accuracy"] is not None and all(r.get("clients-ok", 3) == 3 for r in rows[1:])
     # the pre-trained model (BBSE's classifier; Fed-ADE's and ATLAS's start) goes in round 1 only
     assert rows[1]["bytes-down"] > rows[3]["bytes-down"] + 3 * 6e6
+
+
+@pytest.mark.parametrize("method", ["fedade", "fedpoe", "atlas"])
+def test_bbse_label_mix_is_estimated_once_per_round_not_per_step(method):
+    """f_0's predictions on the batch do not change while a model adapts: one pass a round
+    (from a review: risk() ran f_0 at every SGD step of every model)."""
+    from methods import EXTRA
+
+    run = StreamClient({**SMALL, **EXTRA[method], "method": method, "fedade-risk": "bbse", "fedade-steps": 3})
+    msg = run.message(1)
+    calls = []
+    run.client.black_box(msg).register_forward_hook(lambda *_: calls.append(1))
+    reply = run.client.train(msg).content
+    assert len(calls) == 1 and np.isfinite(reply["metrics"]["risk"])

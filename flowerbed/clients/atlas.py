@@ -102,13 +102,14 @@ class ATLASClient(FedADEClient):
         metrics = {}
         if t == 0 and int(msg.content["config"]["fedade-round-in-step"]) == 0:
             metrics = {"pre-correct": correct(self.combined(bases, log_w).eval(), x, y), "pre-n": len(y)}
+        risk = self.risk_on(x, msg)
         if moved < t:  # the step's Hedge update, by the bases' risks as they meet its batch
             with torch.no_grad():
-                risks = np.array([float(self.risk(b.eval(), x, msg)) for b in bases])
+                risks = np.array([float(risk(b.eval())) for b in bases])
             n += 1
             log_w, moved = hedge_step(log_w, risks, min(1.0, self.cfg.atlas_meta_lr / math.sqrt(n))), t
         pool = self.cfg.atlas_pool()
-        losses = np.array([self.adapt(b, x, msg, eta) for b, eta in zip(bases, pool, strict=True)])
+        losses = np.array([self.adapt(b, risk, eta) for b, eta in zip(bases, pool, strict=True)])
         for i, b in enumerate(bases):
             self.context.state[f"{BASE}{i}"] = to_record(b)
         self.context.state[HEDGE] = ArrayRecord({"log_w": Array(log_w),

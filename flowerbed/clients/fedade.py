@@ -29,6 +29,8 @@ uploaded. Labels are read only to score predictions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Message
@@ -198,26 +200,34 @@ class FedADEClient(Client):
         s = {"both": 0.5 * (s_unc + s_rep), "unc": s_unc, "rep": s_rep}[cfg.fedade_estimators]
         return lr_from(s, cfg.fedade_lr_min, cfg.fedade_lr_max)
 
-    def black_box(self, msg: Message) -> nn.Module:
+    def black_box_record(self, msg: Message) -> ArrayRecord:
         """BBSE's fixed classifier f_0, the pre-trained model whose confusion matrix the server
         ships: this client's copy, filed from the message that first brings it (the server sends
         it until the client has replied to a training round)."""
+        rec = self.context.state.array_records.get(BLACK_BOX)
+        if rec is None:
+            if BLACK_BOX not in msg.content.array_records:
+                raise RuntimeError(f"partition {self.partition_id}: this client holds no copy of "
+                                   "the pre-trained model for BBSE (its context.state was lost?) "
+                                   "and the message has none; the server sends it next time")
+            rec = self.context.state[BLACK_BOX] = msg.content[BLACK_BOX]
+        return rec
+
+    def black_box(self, msg: Message) -> nn.Module:
+        """f_0 as a model (:meth:`black_box_record`), built once per client object."""
         if getattr(self, "_black_box", None) is None:
-            rec = self.context.state.array_records.get(BLACK_BOX)
-            if rec is None:
-                if BLACK_BOX not in msg.content.array_records:
-                    raise RuntimeError(f"partition {self.partition_id}: this client holds no copy of "
-                                       "the pre-trained model for BBSE (its context.state was lost?) "
-                                       "and the message has none; the server sends it next time")
-                rec = self.context.state[BLACK_BOX] = msg.content[BLACK_BOX]
-            self._black_box = self.model_with(rec).eval()
+            self._black_box = self.model_with(self.black_box_record(msg)).eval()
         return self._black_box
 
-    def risk(self, model: nn.Module, x: torch.Tensor, msg: Message) -> torch.Tensor:
-        out = model(x)
+    def risk_on(self, x: torch.Tensor, msg: Message) -> Callable[[nn.Module], torch.Tensor]:
+        """The unsupervised risk on batch ``x`` as a function of the model. What does not depend
+        on the model (BBSE's label-shift weights from f_0's predictions, the reference set) is
+        computed once here, not at every step that evaluates the risk."""
         if self.cfg.fedade_risk == "entropy":
-            p = torch.softmax(out, 1)
-            return -(p * torch.log_softmax(out, 1)).sum(1).mean()
+            def entropy(model: nn.Module) -> torch.Tensor:
+                out = model(x)
+                return -(torch.softmax(out, 1) * torch.log_softmax(out, 1)).sum(1).mean()
+            return entropy
         bb = msg.content["bbse"]
         conf = bb["confusion"].numpy()
         # the predicted-label mix of the classifier M describes (the paper's BBSE), not of the
@@ -226,17 +236,21 @@ class FedADEClient(Client):
             pred = self.black_box(msg)(x).argmax(1)
         freq = np.bincount(pred.cpu().numpy(), minlength=conf.shape[0]) / len(x)
         w = torch.as_tensor(bbse_weights(conf, freq), dtype=torch.float32, device=x.device)
+        q0 = torch.as_tensor(conf.sum(0), dtype=torch.float32, device=x.device)
         rx = self.model_input(torch.as_tensor(bb["ref_x"].numpy()))
         ry = torch.as_tensor(bb["ref_y"].numpy()).long().to(self.device)
-        per_sample = F.cross_entropy(model(rx), ry, reduction="none")
-        class_risk = torch.zeros(conf.shape[0], device=x.device).index_add(0, ry, per_sample)
         counts = torch.bincount(ry, minlength=conf.shape[0]).clamp_min(1)
-        q0 = torch.as_tensor(conf.sum(0), dtype=torch.float32, device=x.device)
-        return (w * q0 * class_risk / counts).sum()  # Σ_y Q̂_y R̂_y
 
-    def adapt(self, model: nn.Module, x: torch.Tensor, msg: Message, lr: float) -> float:
-        """``fedade-steps`` full-batch SGD steps on the unsupervised risk at rate ``lr``, on the
-        personal layers, then as many on all; the last step's risk (NaN when ``lr`` is 0)."""
+        def bbse(model: nn.Module) -> torch.Tensor:
+            per_sample = F.cross_entropy(model(rx), ry, reduction="none")
+            class_risk = torch.zeros(conf.shape[0], device=x.device).index_add(0, ry, per_sample)
+            return (w * q0 * class_risk / counts).sum()  # Σ_y Q̂_y R̂_y
+        return bbse
+
+    def adapt(self, model: nn.Module, risk: Callable[[nn.Module], torch.Tensor], lr: float) -> float:
+        """``fedade-steps`` full-batch SGD steps on the unsupervised risk (:meth:`risk_on`) at rate
+        ``lr``, on the personal layers, then as many on all; the last step's risk (NaN when ``lr``
+        is 0)."""
         loss = float("nan")
         if lr <= 0:
             return loss
@@ -247,10 +261,10 @@ class FedADEClient(Client):
             opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
             for _ in range(self.cfg.fedade_steps):
                 opt.zero_grad(set_to_none=True)
-                risk = self.risk(model, x, msg)
-                risk.backward()
+                value = risk(model)
+                value.backward()
                 opt.step()
-                loss = float(risk.detach())
+                loss = float(value.detach())
         model.requires_grad_(True)
         return loss
 
@@ -265,7 +279,7 @@ class FedADEClient(Client):
             pre = {"pre-correct": correct(model.eval(), x, y), "pre-n": len(y)}
         s_unc, s_rep = self.shift(model, x, t)
         lr = self.learning_rate(s_unc, s_rep)
-        loss = self.adapt(model, x, msg, lr)
+        loss = self.adapt(model, self.risk_on(x, msg), lr)
         record = to_record(model)
         shared = ArrayRecord({k: v for k, v in record.items() if not is_personal(k)})
         # a model gone NaN: its layers and buffers dropped (the server sends the whole model

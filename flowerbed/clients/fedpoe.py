@@ -122,11 +122,9 @@ class FedPOEClient(FedADEClient):
                                "one; the server sends it next time")
         return own if own is not None else msg.content[PRETRAINED]
 
-    def black_box(self, msg: Message) -> nn.Module:
+    def black_box_record(self, msg: Message) -> ArrayRecord:
         """BBSE's fixed classifier: the pre-trained model, which this client keeps anyway."""
-        if getattr(self, "_black_box", None) is None:
-            self._black_box = self.model_with(self.pretrained_for(msg)).eval()
-        return self._black_box
+        return self.pretrained_for(msg)
 
     def models(self, msg: Message) -> tuple[nn.Module, nn.Module, nn.Module]:
         """(local, federated, pre-trained); a local model starts as the pre-trained one."""
@@ -156,17 +154,18 @@ class FedPOEClient(FedADEClient):
         if t == 0 and int(msg.content["config"]["fedade-round-in-step"]) == 0:
             metrics = {"pre-correct": correct(self.ensemble(local, fed, pre, log_w).eval(), x, y),
                        "pre-n": len(y)}
+        risk = self.risk_on(x, msg)
         if moved < t:  # the step's Hedge update, with the models as they meet its batch
             first = Mixture([local, fed], log_w[:2])
             with torch.no_grad():
-                u = [float(self.risk(m.eval(), x, msg)) for m in (local, fed, first, pre)]
+                u = [float(risk(m.eval())) for m in (local, fed, first, pre)]
             eta = 1 / math.sqrt(num_steps(cfg))
             log_w = np.concatenate([hedge_step(log_w[:2], np.array(u[:2]), eta),
                                     hedge_step(log_w[2:], np.array(u[2:]), eta)])
             moved = t
         lr = cfg.fedade_fixed_lr
-        loss = self.adapt(fed, x, msg, lr)
-        self.adapt(local, x, msg, lr)
+        loss = self.adapt(fed, risk, lr)
+        self.adapt(local, risk, lr)
         self.context.state[LOCAL] = to_record(local)
         if PRETRAINED not in self.context.state.array_records:
             self.context.state[PRETRAINED] = self.pretrained_for(msg)
