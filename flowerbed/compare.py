@@ -477,6 +477,10 @@ def write_seed_tables(out: Path, summary: dict[str, dict[str, Any]], per_seed: d
         ok = summary[m]["seeds-ok"]
         label = m if len(ok) in (0, len(seeds)) else f"{m} (seeds {', '.join(map(str, ok))})"
         curves[label] = mean_curve(rows)
+        last = max((r["round"] for run in rows for r in run if r.get("accuracy") is not None), default=None)
+        cut = max((r["round"] for r in curves[label] if r.get("accuracy") is not None), default=last)
+        if last is not None and cut is not None and cut < last:  # a seed stopped reporting
+            curves[f"{label} (to round {cut}: a seed has no figure after it)"] = curves.pop(label)
     plot_comparison({m: c for m, c in curves.items() if c}, out,
                     comparison_title(overrides, n).rsplit(",", 1)[0]
                     + f", mean of seeds {seeds} (band: ± 1 std)",
@@ -508,17 +512,22 @@ def seed_stats(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
 
 def mean_curve(runs: list[list[dict[str, Any]]], keys: tuple[str, ...] = ("accuracy", "client-accuracy")
                ) -> list[dict[str, Any]]:
-    """Rows of several runs -> one row per round with the mean of each of ``keys`` over the runs
-    that report it in that round, and (``<key>-std``) their sample std where two or more do."""
+    """Rows of several runs -> one row per round with the mean of each of ``keys`` over the runs,
+    and (``<key>-std``) their sample std where two or more report it. A round where some run
+    that reports the key has no figure (it diverged, or every client failed) is left out of
+    that key's curve: a mean over fewer seeds would jump to another level there."""
     by_round: dict[int, dict[str, list[float]]] = {}
+    reporting = {k: sum(any(r.get(k) is not None for r in rows) for rows in runs) for k in keys}
     for rows in runs:
         for r in rows:
             for k in keys:
                 if r.get(k) is not None:
                     by_round.setdefault(r["round"], {}).setdefault(k, []).append(r[k])
+    whole = [(rnd, {k: v for k, v in vals.items() if len(v) == reporting[k]})
+             for rnd, vals in sorted(by_round.items())]
     return [{"round": rnd, **{k: statistics.fmean(v) for k, v in vals.items()},
              **{f"{k}-std": statistics.stdev(v) for k, v in vals.items() if len(v) > 1}}
-            for rnd, vals in sorted(by_round.items())]
+            for rnd, vals in whole if vals]
 
 
 def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n: int,

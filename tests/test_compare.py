@@ -131,10 +131,27 @@ def test_compare_seeds_runs_every_seed_and_averages(tmp_path, fake_engine):
     assert curve == [{"round": 1, "accuracy": pytest.approx(0.82),  # the std: the plot's band
                       "accuracy-std": pytest.approx(0.04 / 2 ** 0.5)}]
     curve = cmp.mean_curve([[{"round": 0, "accuracy": 0.1}, {"round": 1, "client-accuracy": 0.5}],
-                            [{"round": 1, "accuracy": 0.8, "client-accuracy": 0.7}]])
-    assert curve == [{"round": 0, "accuracy": 0.1},  # each key over the runs that have it
-                     {"round": 1, "accuracy": 0.8, "client-accuracy": pytest.approx(0.6),
-                      "client-accuracy-std": pytest.approx(0.2 / 2 ** 0.5)}]
+                            [{"round": 0, "accuracy": 0.3},
+                             {"round": 1, "accuracy": 0.8, "client-accuracy": 0.7}],
+                            [{"round": 0}]])
+    sd = pytest.approx(0.2 / 2 ** 0.5)
+    assert curve == [{"round": 0, "accuracy": pytest.approx(0.2), "accuracy-std": sd},
+                     {"round": 1, "client-accuracy": pytest.approx(0.6),  # each key over the runs
+                      "client-accuracy-std": sd}]  # that have it; not one seed's accuracy
+
+
+def test_a_seed_that_stops_reporting_ends_the_mean_curve_where_it_stops(tmp_path, monkeypatch):
+    """From a review: the mean over seeds jumped to the other seeds' level where one diverged."""
+    drawn = {}
+    monkeypatch.setattr(cmp, "plot_comparison", lambda curves, *a: drawn.update(curves))
+    monkeypatch.setattr(cmp, "seeds_table", lambda *a: "table")
+    full = [{"round": r, "accuracy": 0.5 + r / 100} for r in range(5)]
+    cut = [{"round": r, "accuracy": 0.1 + r / 100} for r in range(3)] + [{"round": 3}, {"round": 4}]
+    summary = {"fedavg": {"seeds-ok": [0, 1]}}
+    cmp.write_seed_tables(tmp_path, summary, {}, {"fedavg": [full, cut]}, {}, 2, [0, 1])
+    (label, rows), = drawn.items()
+    assert label == "fedavg (to round 2: a seed has no figure after it)"
+    assert [r["round"] for r in rows] == [0, 1, 2] and rows[-1]["accuracy"] == pytest.approx(0.32)
 
 
 def test_comparison_plots_name_failed_runs_and_add_client_accuracy(tmp_path, monkeypatch):
