@@ -106,6 +106,16 @@ def test_ssl_clients_never_see_labels(method, extra):
                               out.content["arrays"]["backbone.conv1.weight"].numpy())
 
 
+def test_a_partition_too_small_for_a_contrastive_batch_reports_no_loss():
+    """One sample: no batch of 2, no step, so no train-loss (0.0 pulled the round's mean down)."""
+    client, model, msg, _ = make_client("fedsimclr")
+    client.train_data = client.train_data.subset([0])
+    out = client.train(msg).content
+    assert "train-loss" not in out["metrics"] and out["metrics"]["num-examples"] == 1
+    assert np.array_equal(out["arrays"]["backbone.conv1.weight"].numpy(),
+                          model.state_dict()["backbone.conv1.weight"].numpy())
+
+
 @pytest.mark.parametrize("method,key,extra", [("fedbyol", TARGET, {}), ("fedu", "fedu.online", {}),
                                               ("fedmoco", QUEUE, {}), ("fedmoco", KEY_ENCODER, {}),
                                               ("fedprotocl", QUEUE, {"protocl-warmup-rounds": 0}),

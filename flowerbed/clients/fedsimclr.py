@@ -92,7 +92,9 @@ class SSLClient(Client):
             after_step=lambda: self.after_step(model), before_epoch=lambda: self.before_epoch(model),
             grad_hook=self.grad_hook(model, msg))
         extra = self.finish(model)
-        return self.reply(msg, {"num-examples": len(self.train_data), "train-loss": loss, **extra},
+        # no batch of 2 samples, no step: no loss to report (0.0 would pull the round's mean down)
+        measured = {"train-loss": loss} if self.steps else {}
+        return self.reply(msg, {"num-examples": len(self.train_data), **measured, **extra},
                           arrays=to_record(model), **self.extra_arrays(model, msg))
 
 
