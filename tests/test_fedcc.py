@@ -276,3 +276,55 @@ def test_the_every_class_majority_warning_names_each_client_once(caplog):
         s.inspect(rnd, parts, [full] * len(parts))
         warned = [r for r in caplog.records if r.levelname == "WARNING"]
         assert len(warned) == (0 if rnd == 2 else 1), (rnd, caplog.text)
+
+
+def test_global_test_accuracy_is_the_plain_mean_over_clients_with_or_without_a_local_split():
+    """From a review: it was averaged only over clients with a local test split, weighted by its
+    size, so the paper preset (local-test-fraction 0) never reported Table II's figure."""
+    s = two_client_strategy()
+    s._n_test = 4
+    good = np.full((4, 11), 1 / 11, np.float32)
+
+    def content(n, acc, on_global):
+        return RecordDict({"test_predictions": ArrayRecord({"p": Array(good)}), "metrics": MetricRecord(
+            {"num-examples": n, **({"accuracy": acc} if n else {}), "global-test-accuracy": on_global,
+             "trained": 1.0})})
+
+    for sizes, want_local in (((0, 0), None), ((30, 10), 0.3)):
+        s._sent = [sent(5, mtype="evaluate"), sent(6, mtype="evaluate")]
+        metrics = s.aggregate_evaluate(1, [reply(s._sent[0], content(sizes[0], 0.2, 0.8)),
+                                           reply(s._sent[1], content(sizes[1], 0.6, 0.6))])
+        assert metrics["global-test-accuracy"] == pytest.approx(0.7)  # not (30*0.8 + 10*0.6)/40
+        assert metrics.get("accuracy") == (None if want_local is None else pytest.approx(want_local))
+
+
+@pytest.mark.parametrize("method", ["fedcc", "feddf", "fedmd", "fedct"])
+def test_a_local_model_gone_nan_is_dropped_and_started_afresh(method, caplog):
+    """From a review: the distillation clients filed their model unchecked, so a NaN model was
+    kept for the rest of the run (every upload refused) and still counted as trained."""
+    from flowerbed.clients import distill
+
+    cfg = Config.from_run_config({**SMALL, "method": method})
+    ctx = Context(run_id=1, node_id=3, node_config={"partition-id": 1, "num-partitions": 10},
+                  state=RecordDict(), run_config=cfg.to_run_config())
+    client = METHODS[method].client(cfg, ctx)
+    msg = RecordDict({"config": ConfigRecord({"server-round": 1})})
+    spoil = client.local_update
+
+    def diverge(model, targets, gen):
+        out = spoil(model, targets, gen)
+        with torch.no_grad():
+            next(model.parameters()).fill_(float("nan"))
+        return out
+
+    client.local_update = diverge
+    if method == "fedct":  # hard votes: a NaN model's reply is an error, not a NaN upload
+        with pytest.raises(FloatingPointError, match="casts no votes"):
+            client.train(sent(3, msg))
+    else:
+        client.train(sent(3, msg))
+    assert distill.STATE not in ctx.state.array_records and "diverged" in caplog.text
+    assert client.evaluate(sent(3, msg, "evaluate")).content["metrics"]["trained"] == 0.0
+    client.local_update = spoil
+    client.train(sent(3, msg))
+    assert distill.STATE in ctx.state.array_records

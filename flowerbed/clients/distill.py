@@ -16,7 +16,7 @@ from flowerbed.config import Config
 from flowerbed.datasets.federated import public_set, test_set
 from flowerbed.datasets.loading import DataSet
 from flowerbed.models import build_model
-from flowerbed.strategies.distill import PREDICTIONS, SOFT_TARGETS, TEST_PREDICTIONS
+from flowerbed.strategies.distill import GLOBAL_ACC, PREDICTIONS, SOFT_TARGETS, TEST_PREDICTIONS
 from flowerbed.training import (
     evaluate,
     fit_targets,
@@ -95,7 +95,7 @@ class DistillClient(Client):
         if targets is not None and not torch.isfinite(targets).all():
             raise ValueError(f"'{SOFT_TARGETS}' holds NaN or inf values")
         metrics = self.local_update(model, targets, gen)
-        self.context.state[STATE] = to_record(model)
+        self.keep_model(STATE, to_record(model))  # a diverged model: dropped, started afresh
         preds = self.outputs(model, self.public)
         return self.reply(msg, {"num-examples": len(self.train_data), **metrics},
                           **{PREDICTIONS: ArrayRecord({"p": Array(preds.numpy())})})
@@ -120,7 +120,7 @@ class DistillClient(Client):
                    "trained": float(STATE in self.context.state.array_records)}
         if len(self.test_data):
             metrics.update(self.local_accuracy(model))
-        metrics["global-test-accuracy"] = self.global_accuracy(preds, test.y)
+        metrics[GLOBAL_ACC] = self.global_accuracy(preds, test.y)
         content = RecordDict({TEST_PREDICTIONS: ArrayRecord({"p": Array(preds.numpy())})})
         return self.reply(msg, metrics, **content)
 

@@ -23,6 +23,7 @@ from flowerbed.strategies.base import FlowerbedFedAvg, log, metric_record
 SOFT_TARGETS = "soft_targets"
 PREDICTIONS = "predictions"
 TEST_PREDICTIONS = "test_predictions"
+GLOBAL_ACC = "global-test-accuracy"  # a local model on the global test set (FedCC's Table II)
 #: FedMD's class scores beyond this are refused: ten replies of 3e38 average to inf in float32
 MAX_SCORE = 1e4
 
@@ -117,6 +118,9 @@ class DistillStrategy(FlowerbedFedAvg):
         return RecordDict()  # no weights travel
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
+        """The clients' scores (their local test splits, weighted by size), the mean of their
+        local models' accuracies on the global test set, and their test-set predictions for the
+        ensemble (:meth:`evaluate_global`); a client that has not trained yet is left out."""
         valid, _ = self._check_and_log_replies(replies, is_train=False)
         untrained = [self.partition_of.get(r.metadata.src_node_id, -1) for r in valid
                      if not metric_record(r.content).get("trained", 1.0)]
@@ -127,12 +131,17 @@ class DistillStrategy(FlowerbedFedAvg):
         self._test_preds = [r.content[TEST_PREDICTIONS]["p"].numpy().astype(np.float32)
                             for r in valid]
         metrics = None
-        scored = [MetricRecord({k: v for k, v in m.items() if k != "trained"})
-                  for m in (metric_record(r.content) for r in valid)
-                  if m[self.weighted_by_key] > 0]  # clients without a local test split: no scores
+        replied = [metric_record(r.content) for r in valid]
+        scored = [MetricRecord({k: v for k, v in m.items() if k not in ("trained", GLOBAL_ACC)})
+                  for m in replied if m[self.weighted_by_key] > 0]  # no local test split: no scores
         if scored:
             metrics = self.evaluate_metrics_aggr_fn([RecordDict({"m": m}) for m in scored],
                                                     self.weighted_by_key)
+        on_global = [float(m[GLOBAL_ACC]) for m in replied if GLOBAL_ACC in m]
+        if on_global:  # every local model on the same test set (Table II): a plain mean over
+            # the clients, with or without a local test split, not weighted by its size
+            metrics = metrics if metrics is not None else MetricRecord()
+            metrics[GLOBAL_ACC] = float(np.mean(on_global))
         self.round.eval_metrics = dict(metrics or {})
         return metrics
 
