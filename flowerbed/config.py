@@ -142,12 +142,24 @@ KEY_READERS: dict[str, tuple[str, ...]] = {
     **{k: ("fedade",) for k in ("fedade-lr-mode", "fedade-estimators",
                                 "fedade-unc", "fedade-rep-ref", "fedade-sync", "fedade-correction")},
     "fedade-fixed-lr": ("fedade", "fedpoe"),
+
     **{k: ("fedade", "atlas") for k in ("fedade-lr-min", "fedade-lr-max")},  # ATLAS: its step-size pool
+}
+
+
+#: keys every method reads but these: the SGD settings of local training (the distillation
+#: methods train with Adam at distill-lr; the stream methods adapt at their own rates on one batch
+#: a step, after pre-training by a fixed recipe)
+KEY_SKIPPERS: dict[str, tuple[str, ...]] = {
+    **{k: DISTILL_METHODS + STREAM_METHODS for k in ("lr", "momentum")},
+    **{k: STREAM_METHODS for k in ("local-epochs", "batch-size", "weight-decay")},
 }
 
 
 def reads(method: Any, key: str) -> bool:
     """Whether a run of ``method`` reads run-config ``key``."""
+    if method in KEY_SKIPPERS.get(key, ()):
+        return False
     readers = KEY_READERS.get(key, KEY_READERS.get(key.split("-", 1)[0]))
     return readers is None or method in readers
 

@@ -96,6 +96,11 @@ def test_settings_that_leave_data_unused_are_warned_about(caplog):
     # a key set for a method that does not read it (a walk-through: accepted without a word)
     assert "fedavg does not read fedxds-lambda=1.0 (keys only" in warned(**{"fedxds-lambda": 1.0})
     assert warned(method="fedprox", **{"proximal-mu": 0.1}) == ""
+    # from a review: the distillation methods train with Adam at distill-lr, so lr was ignored
+    assert "fedcc does not read lr=0.1" in warned(method="fedcc", lr=0.1, **{"public-fraction": 0.1})
+    assert "fedade does not read batch-size=64" in warned(method="fedade", **{"batch-size": 64,
+                                                                             "num-server-rounds": 4})
+    assert warned(method="fedcc", **{"public-fraction": 0.1, "local-epochs": 2}) == ""
 
 
 @pytest.mark.parametrize("method", SSL_METHODS)
