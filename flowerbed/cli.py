@@ -20,9 +20,13 @@ log = logging.getLogger("flowerbed")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The preset file's keys (if any), then the -c/--run-config overrides on top."""
+    """The preset file's keys (if any), then the -c/--run-config overrides on top; a relative
+    data-root or client-state-dir made absolute (relative to where the launcher runs)."""
     out = load_preset(args.preset) if args.preset else {}
     out.update(parse_overrides(list(args.run_config or []), "--run-config/-c"))
+    for key in ("data-root", "client-state-dir"):  # the engines' processes run in the project
+        if isinstance(out.get(key), str) and out[key]:  # folder: a relative path means here
+            out[key] = str(Path(out[key]).expanduser().resolve())
     return out
 
 

@@ -31,6 +31,16 @@ def overrides(*argv: str) -> dict:
     return cli.compare_overrides(cli.build_parser().parse_args(["compare", "--methods", "fedx", *argv]))
 
 
+def test_a_relative_data_root_or_state_folder_means_the_launchers_folder(tmp_path, monkeypatch):
+    """From a review: the launcher checked ./fm-subset, the engines' processes (in the project
+    folder) read another, or fell back to the full data set."""
+    monkeypatch.chdir(tmp_path)
+    rc = overrides("-c", "data-root='fm-subset' client-state-dir='~/s'")
+    assert rc["data-root"] == str(tmp_path / "fm-subset")
+    assert rc["client-state-dir"] == str(Path("~/s").expanduser())
+    assert "data-root" not in overrides()
+
+
 def test_preset_and_run_config_are_not_overridden_by_the_flags_defaults():
     """Regression: --rounds/--partition/--seed defaults (20, dirichlet:0.5, 0) used to replace
     the preset's and -c's values, so `compare --preset presets/fedx-cpu.toml` ran 20 rounds."""
