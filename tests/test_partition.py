@@ -150,3 +150,20 @@ def test_a_stored_split_is_reused_only_by_the_same_splitting_code(tmp_path, monk
     monkeypatch.setattr(part, "SPLIT_CODE", "other code")
     part._on_disk(key, compute)
     assert len(calls) == 2
+
+
+def test_a_node_with_a_partition_id_out_of_range_is_named_before_round_1(tmp_path):
+    """From a review: the client loaded its data in whoami first and failed with an IndexError
+    the server only logged ("did not answer whoami"), so the run went on without the partition."""
+    from inprocess import run_inprocess
+
+    from flowerbed.config import Config, ConfigError
+    from flowerbed.datasets.federated import client_data
+
+    rc = {"num-server-rounds": 1, "train-samples": 600, "test-samples": 100, "min-clients": 2,
+          "output-dir": str(tmp_path), "run-name": "r", "client-state-dir": str(tmp_path / "s")}
+    for pid in (3, -1):
+        with pytest.raises(ConfigError, match=r"'partition-id' = .* must be in \[0, 3\)"):
+            client_data(Config.from_run_config(rc), pid, 3)
+    with pytest.raises(ConfigError, match=r"'partition-id' = 3 is invalid: must be in \[0, 3\) \(node"):
+        run_inprocess(rc, 3, node_extra=[{}, {}, {"partition-id": 3}])

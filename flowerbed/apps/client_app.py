@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from flwr.app import Context, Message
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from flowerbed import client_state
@@ -75,4 +75,8 @@ def evaluate(msg: Message, context: Context) -> Message:
 @app.query("whoami")
 @_naming_missing_keys
 def whoami(msg: Message, context: Context) -> Message:
+    pid, num = (int(context.node_config[k]) for k in ("partition-id", "num-partitions"))
+    if not 0 <= pid < num:  # no data to load: the server names the problem (before round 1)
+        info = ConfigRecord({"partition-id": pid, "num-partitions": num})
+        return Message(content=RecordDict({"info": info}), reply_to=msg)
     return client_for(context).whoami(msg)

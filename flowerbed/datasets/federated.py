@@ -90,6 +90,9 @@ def client_data(cfg: Config, partition_id: int, num_partitions: int,
     ``data_dir`` (a SuperNode's ``--node-config data-dir=...``), read from that folder of the
     client's own data (see :func:`export_partitions`).
     """
+    if not 0 <= partition_id < num_partitions:
+        raise ConfigError("partition-id", partition_id, f"must be in [0, {num_partitions}) (the "
+                          "SuperNode's --node-config)")
     key = (cfg.dataset, cfg.data_root, cfg.train_samples, cfg.public_fraction, str(cfg.partition),
            cfg.seed,
            cfg.min_partition_size, cfg.local_test_fraction, partition_id, num_partitions, data_dir)
