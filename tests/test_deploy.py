@@ -174,6 +174,17 @@ def test_own_data_folder_equals_the_seeded_partition(tmp_path, caplog):
                                                    "seed": 1}), folders[0], 0, 3)
     assert "exported with partition='dirichlet:0.5', seed=0; this run has partition='iid', seed=1" \
         in caplog.text
+    # a distillation method's public set is drawn from the seed (from a review: most of another
+    # seed's public set lay in the folders' private data)
+    fedcc = cfg.replace(method="fedcc", public_fraction=0.1)
+    with pytest.raises(DataError, match=r"public-fraction=0.0; this run has public-fraction=0.1, "
+                                        "which draw another public set"):
+        read_partition_dir(fedcc, folders[0], 0, 3)  # the export kept the public samples in
+    public = export_partitions(fedcc, 3, tmp_path / "public")
+    with pytest.raises(DataError, match=r"seed=0; this run has seed=1, which draw another public set"):
+        read_partition_dir(fedcc.replace(seed=1), public[0], 0, 3)
+    for same in (fedcc, cfg.replace(seed=1)):  # (fedavg: no public set)
+        read_partition_dir(same, public[0], 0, 3)
     caplog.clear()  # min-partition-size shapes a Dirichlet split too (from a review: not compared)
     with caplog.at_level("WARNING", logger="flowerbed"):
         read_partition_dir(cfg.replace(min_partition_size=1), folders[0], 0, 3)

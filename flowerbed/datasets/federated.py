@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from flowerbed.config import Config, ConfigError
+from flowerbed.config import DISTILL_METHODS, Config, ConfigError
 from flowerbed.datasets.loading import (
     IMAGE_SHAPES,
     NUM_CLASSES,
@@ -181,6 +181,14 @@ def read_partition_dir(cfg: Config, folder: Path, partition_id: int,
         raise DataError(f"data-dir {folder} is one of {meta['num-partitions']} exported partitions, "
                         f"but this SuperNode has num-partitions={num_partitions}")
     run = split_settings(cfg)
+    public = [k for k in ("seed", "train-samples", "public-fraction") if meta.get(k, run[k]) != run[k]]
+    if cfg.method in DISTILL_METHODS and cfg.public_fraction > 0 and public:
+        raise DataError(f"data-dir {folder} was exported with "
+                        f"{', '.join(f'{k}={meta[k]!r}' for k in public)}; this run has "
+                        f"{', '.join(f'{k}={run[k]!r}' for k in public)}, which draw another public "
+                        f"set than the one the export left out, so {cfg.method}'s public samples "
+                        "would be in the clients' private data: run with the export's values, or "
+                        "export again (flowerbed export) with the run's")
     if differ := [k for k, v in run.items() if meta.get(k, v) != v]:  # the folder is the data;
         log.warning("data-dir %s was exported with %s; this run has %s: the client trains on the "
                     "folder's data", folder, ", ".join(f"{k}={meta[k]!r}" for k in differ),
