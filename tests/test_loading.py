@@ -167,3 +167,14 @@ def test_offline_mnist_is_one_line_with_advice_and_a_missing_root_is_said(tmp_pa
     (tmp_path / "a-file").write_text("x")  # (was "does not exist", then other data)
     with pytest.raises(DataError, match="a-file is a file, not a folder"):
         load_dataset("cifar10", train=True, data_root=str(tmp_path / "a-file"))
+
+
+def test_a_data_root_without_the_files_says_what_it_read_instead(tmp_path, caplog):
+    """From a review: an existing data-root whose files are named otherwise (a dot in place of
+    the dash) fell back to the Debian copy with nothing but an info line."""
+    write_idx(tmp_path / "t10k-images.idx3-ubyte", rng.integers(0, 256, (5, 28, 28)))
+    with caplog.at_level("WARNING", logger="flowerbed"):
+        ds = load_dataset("fashion-mnist", train=False, data_root=str(tmp_path))
+    assert len(ds) == 10000
+    assert f"data-root {tmp_path} holds no fashion-mnist IDX files (t10k-images-idx3-ubyte" in caplog.text
+    assert f"read {DEBIAN} instead" in caplog.text

@@ -168,15 +168,18 @@ def _find_idx(folder: Path, stem: str) -> Path | None:
     return None
 
 
-def _load_idx_pair(name: str, train: bool, folders: list[Path]) -> tuple[torch.Tensor, torch.Tensor]:
+def _load_idx_pair(name: str, train: bool, folders: list[Path]
+                   ) -> tuple[torch.Tensor, torch.Tensor, Path] | None:
+    """The first of ``folders`` holding the split's IDX image and label files: (images, labels,
+    that folder)."""
     img_stem, lbl_stem = IDX_FILES[train]
     for folder in folders:
         img, lbl = _find_idx(folder, img_stem), _find_idx(folder, lbl_stem)
         if img and lbl:
             x = read_idx(img)
             _check_idx_identity(name, x, img)
-            return torch.from_numpy(x.copy()), torch.from_numpy(read_idx(lbl).astype(np.int64))
-    return None  # type: ignore[return-value]
+            return torch.from_numpy(x.copy()), torch.from_numpy(read_idx(lbl).astype(np.int64)), folder
+    return None
 
 
 def _check_idx_identity(name: str, x: np.ndarray, path: Path) -> None:
@@ -221,7 +224,11 @@ def _load_mnist_like(name, train, root, tv_name, extra):
                     ", ".join(str(f) for f in folders[2:]) or "nowhere else")
     found = _load_idx_pair(name, train, folders)
     if found:
-        return found
+        x, y, folder = found
+        if root and root.is_dir() and folder in extra:  # a data-root that holds none of its files
+            log.warning("data-root %s holds no %s IDX files (%s[.gz], in it, its raw/ or %s/): "
+                        "read %s instead", root, name, IDX_FILES[train][0], tv_name, folder)
+        return x, y
     where = ", ".join(str(f) for f in folders)
     log.info("%s not found in %s; trying torchvision download", name, where)
     try:
