@@ -9,14 +9,17 @@ no flat rule, so ``FlatRule`` below adds it), ``ig`` (Integrated Gradients, zero
 
 Model support: the CNN and the ResNets run every method. LRP needs every layer to be a module
 with a rule, so both networks flatten functionally and use one ReLU/pooling module per use; in
-the ResNets the residual addition is not a module, so relevance passes it by the gradient rule
-(an approximation of LRP's proper treatment of skip connections).
+the ResNets the residual addition is a module (``models.resnet.Add``) with the ε-rule, so the
+relevance is split between the two branches by their shares of the sum, as captum's
+``Addition_Module`` is (a functional ``+`` gave each branch all of it).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from flowerbed.models.resnet import Add
 
 METHODS = ("lrp", "ig", "ixg", "smoothgrad")
 LRP_FIRST = ("flat", "alpha1beta0")  # LRP's rule on the first layer: the paper's composite | α1β0
@@ -57,6 +60,8 @@ def _set_lrp_rules(model: nn.Module, first_rule: str = "flat") -> None:
             m.rule = Alpha1_Beta0_Rule()
         elif isinstance(m, nn.Linear):
             m.rule = EpsilonRule(epsilon=1e-6)
+        elif isinstance(m, Add):  # the residual sum: relevance split by each branch's share
+            m.rule = EpsilonRule(epsilon=1e-9)  # (captum's rule for its Addition_Module)
         elif isinstance(m, nn.Identity | nn.BatchNorm2d):
             # BatchNorm (the ResNets): relevance passes unchanged, as if merged into the conv
             # before it; captum's default ε-rule divided by its near-zero inputs

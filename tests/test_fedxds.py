@@ -422,6 +422,25 @@ def test_lrp_on_a_resnet_does_not_depend_on_the_batch():
     assert (batched - single).abs().max() <= 1e-4 * single.abs().max()
 
 
+def test_lrp_splits_the_relevance_at_a_residual_sum():
+    """From a review: the ResNet's residual ``out + shortcut(x)`` was functional, so captum gave
+    each branch the whole relevance and the sum came to about 7x the logit on resnet8; with the
+    sum as a module (ε-rule, as captum's Addition_Module) it stays near the logit."""
+    torch.manual_seed(0)
+    model = build_model("resnet8", 3, 10, 32)
+    with torch.no_grad():
+        model.linear.bias.zero_()  # no relevance absorbed by the classifier's bias
+    model.train()
+    model(torch.randn(64, 3, 32, 32))
+    model.eval()
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        logits = model(x)
+    y = logits.argmax(1)
+    ratio = attribute(model, x, y, "lrp").flatten(1).sum(1) / logits[range(4), y]
+    assert ((ratio > 0.5) & (ratio < 1.5)).all(), ratio
+
+
 # ------------------------------------------------ found by a mutation review (session 37)
 
 
