@@ -153,3 +153,15 @@ def client_reply(cfg: Config, msg, partition: int):
                   node_config={"partition-id": partition, "num-partitions": 2},
                   run_config=cfg.to_run_config())
     return METHODS["fedfed"].client(cfg, ctx).train(msg)
+
+
+def test_a_warm_up_with_no_vae_round_is_warned_about(caplog):
+    """From a review: fedxds-warmup-rounds=1 makes round 1 the share round, so clients share the
+    features of an untrained VAE (nearly whole images) without a word."""
+    from flowerbed.strategies.fedfed import FedFedStrategy
+
+    with caplog.at_level("WARNING", logger="flowerbed"):
+        FedFedStrategy(Config.from_run_config({**SMALL, "fedxds-warmup-rounds": 2})).check_setup(3)
+        assert "trains no VAE" not in caplog.text
+        FedFedStrategy(Config.from_run_config({**SMALL, "fedxds-warmup-rounds": 1})).check_setup(3)
+    assert "fedxds-warmup-rounds=1 trains no VAE" in caplog.text

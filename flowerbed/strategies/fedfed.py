@@ -41,6 +41,14 @@ class FedFedStrategy(FedXDSStrategy):
             self.vae = to_record(make_fedfed_net(self.cfg))
         return super().initial_arrays(model)
 
+    def check_setup(self, num_partitions: int) -> None:
+        super().check_setup(num_partitions)
+        if self.cfg.fedxds_warmup_rounds < 2:  # (tests run it so, for the plumbing)
+            log.warning("fedxds-warmup-rounds=%d trains no VAE (its last warm-up round is the share "
+                        "round): x_s = x - VAE(x) of an untrained VAE is close to the whole image, "
+                        "so this run shares clipped, noised images, not FedFed's features; use >= 2 "
+                        "(the code's VAE rounds + 1)", self.cfg.fedxds_warmup_rounds)
+
     def describe(self) -> dict:
         out = super().describe()
         if out["fedxds-epsilon-per-unit-l2"] is not None:
