@@ -641,7 +641,10 @@ class Config:
             return sigma_for(self.fedxds_epsilon, self.fedxds_delta)
         except ValueError as e:  # opacus: "The privacy budget is too low."
             raise ConfigError("fedxds-epsilon", self.fedxds_epsilon, f"opacus finds no noise "
-                              f"level for it at fedxds-delta = {self.fedxds_delta:g} ({e})") from None
+                              f"level for it at fedxds-delta = {self.fedxds_delta:g} ({e} "
+                              "Its RDP accountant, whose orders stop at 63, certifies no epsilon "
+                              "below about 0.11 at delta 1e-5, whatever the noise); raise "
+                              "fedxds-epsilon or fedxds-delta") from None
 
     def to_run_config(self) -> dict[str, Any]:
         """Back to Flower's flat kebab-case dict (what ``--run-config`` takes)."""
