@@ -66,11 +66,15 @@ def _records(context: Context) -> dict:
 
 
 def save(cfg: Config, context: Context, run_key: str, partition_id: int, server_round: int) -> None:
-    """File this client's state after training in ``server_round`` (nothing if it has none)."""
+    """File this client's state after training in ``server_round`` (nothing if it has none and
+    never filed any; an empty state after filed ones is filed too, so that a resume does not
+    bring back a state the client dropped, e.g. a diverged personal model)."""
     recs = _records(context)
-    if not run_key or not any(recs.values()):
+    if not run_key:
         return
     d = folder(cfg, run_key, partition_id)
+    if not any(recs.values()) and not d.is_dir():
+        return
     d.mkdir(parents=True, exist_ok=True)
     write_synced(d / f"round-{server_round}.pt", encode(recs))  # on disk before the reply leaves
     for old in sorted(_rounds(d))[:-KEEP]:

@@ -742,6 +742,27 @@ def test_a_damaged_client_state_file_falls_back_to_the_round_before(tmp_path, ca
     assert resumed.state["c"]["round"] == 1 and "cannot read its state" in caplog.text
 
 
+def test_a_state_the_client_dropped_is_not_restored_by_a_resume(tmp_path):
+    """From a review: a client that dropped its whole state (a diverged personal model) filed
+    nothing for that round, so a resume restored the round before's, the state it had dropped."""
+    from flwr.app import ConfigRecord, Context, RecordDict
+
+    from flowerbed import client_state
+
+    cfg = Config.from_run_config({"client-state-dir": str(tmp_path)})
+
+    def ctx(state=None):
+        return Context(run_id=1, node_id=1, node_config={}, state=state or RecordDict(), run_config={})
+
+    client_state.save(cfg, ctx(), "run-n", 0, 1)  # nothing ever filed: no folder
+    assert not (tmp_path / "run-n").exists()
+    client_state.save(cfg, ctx(RecordDict({"c": ConfigRecord({"round": 1})})), "run-n", 0, 1)
+    client_state.save(cfg, ctx(), "run-n", 0, 2)  # round 2: dropped
+    resumed = ctx()
+    assert client_state.restore(cfg.replace(resume="x"), resumed, "run-n", 0, 3) == 2
+    assert "c" not in resumed.state.config_records
+
+
 def test_state_filed_in_the_rounds_a_resume_repeats_is_never_restored_later(tmp_path):
     """From a review: a resume took the newest state from before its round but left the
     abandoned attempt's later files in place, so a second resume (the partition not sampled in
