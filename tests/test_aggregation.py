@@ -731,3 +731,31 @@ def test_feddyn_scores_the_served_model_or_the_uploads_mean(tmp_path):
     average = run_inprocess({**rc, "run-name": "average", "feddyn-eval": "average"}, 3)
     assert np.isfinite([served["final-loss"], average["final-loss"]]).all()
     assert served["final-loss"] != average["final-loss"]  # the same training, another model scored
+
+
+def test_a_client_scored_with_a_diverged_model_counts_as_zero_not_as_missing():
+    """From a review: a client whose model's outputs overflowed replied NaN and was refused, so
+    the clients' mean, min and Jain's index covered the survivors only (min 0.8 where one
+    client's model classified nothing)."""
+    from flowerbed.registry import METHODS
+
+    cfg = Config.from_run_config({"train-samples": 600, "local-test-fraction": 0.25, "min-clients": 1})
+    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 2, "num-partitions": 3},
+                  state=RecordDict(), run_config=cfg.to_run_config())
+    client = METHODS["fedavg"].client(cfg, ctx)
+    model = client.new_model()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(1e30)  # finite weights, outputs that overflow to inf
+    msg = sent(7, RecordDict({"config": ConfigRecord({"server-round": 1})}), "evaluate")
+    diverged = client.scored(msg, model).content["metrics"]
+    assert diverged["accuracy"] == 0.0 and diverged["diverged"] == 1.0 and "loss" not in diverged
+    s = FedAvgStrategy(cfg)
+    s.node_of, s.partition_of = {0: 5, 1: 6, 2: 7}, {5: 0, 6: 1, 7: 2}
+    s._sent = [sent(n, mtype="evaluate") for n in (5, 6, 7)]
+    ok = [MetricRecord({"num-examples": 10, "accuracy": a, "loss": 0.5}) for a in (0.9, 0.8)]
+    metrics = s.aggregate_evaluate(1, [reply(m, RecordDict({"metrics": r}))
+                                       for m, r in zip(s._sent, [*ok, diverged], strict=True)])
+    n = diverged["num-examples"]
+    assert not s.round.failed and metrics["accuracy"] == pytest.approx(17 / (20 + n))
+    assert metrics["loss"] == pytest.approx(0.5)  # over the clients that have one

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -167,5 +168,12 @@ class Client:
         """The evaluation reply: ``model``'s loss and accuracy on the local test split, and the
         method's own metrics (``extra``)."""
         loss, acc = evaluate(model, self.test_data, self.device)
-        return self.reply(msg, {"num-examples": max(len(self.test_data), 1), "loss": loss,
-                                "accuracy": acc, **(extra or {})})
+        scores = {"loss": loss, "accuracy": acc}
+        if len(self.test_data) and not math.isfinite(acc):
+            # a diverged model (NaN or overflowing outputs) classifies nothing: scored 0, not
+            # refused (a NaN reply is), so that the mean, min and Jain's index over the clients
+            # count it instead of leaving it out; no loss to report
+            log.warning("partition %d: the model it is scored with has non-finite outputs "
+                        "(diverged): accuracy 0", self.partition_id)
+            scores = {"accuracy": 0.0, "diverged": 1.0}
+        return self.reply(msg, {"num-examples": max(len(self.test_data), 1), **scores, **(extra or {})})
