@@ -329,6 +329,17 @@ def test_who_holds_d_g_is_learnt_from_a_skipped_round_too():
     assert "shared" not in s.content_for(12, main)
     s.node_of[1], s.partition_of[14] = 14, 1
     assert "shared" in s.content_for(14, main)
+    # a reply refused for its model still says whether the client holds D_g (from a review:
+    # a client that diverged got D_g again; one that lost it was not known to need it)
+    s.node_of[1], s.partition_of[12] = 12, 1
+    msgs = prepared(s, [11, 12, 13])
+    nan = ArrayRecord({"w": Array(np.full(2, np.nan, np.float32))})
+    replies = [reply(m, RecordDict({"arrays": arrays, "metrics": MetricRecord(
+        {"num-examples": 5, "train-loss": 0.1, "has-pool": flag})}))
+        for m, arrays, flag in ((msgs[1], nan, 1), (msgs[0], nan, 0))]
+    s.take_round_log()
+    s.aggregate_train(6, replies)
+    assert len(s.round.failed) == 3 and s.has_pool == {1}  # (and partition 2 never replied)
 
 
 def test_a_share_round_without_valid_uploads_is_repeated_in_the_next_round():

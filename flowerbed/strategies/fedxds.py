@@ -24,7 +24,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 
 from flowerbed.datasets.loading import IMAGE_SHAPES, NUM_CLASSES
-from flowerbed.strategies.base import FlowerbedFedAvg, log, with_record
+from flowerbed.strategies.base import FlowerbedFedAvg, log, metric_record, with_record
 
 SHARED = "shared"   # ArrayRecord {"x": [n, C, H, W] float16, "y": [n] int64}
 
@@ -146,11 +146,18 @@ class FedXDSStrategy(FlowerbedFedAvg):
         if not is_train:
             return valid, rejected
         # every checked reply says whether its client holds D_g, also in a round skipped for
-        # fewer than min-clients replies (valid is then empty): D_g is not resent needlessly
-        for pid, m in self.round.clients.items():
-            if "train-has-pool" not in m:
-                continue
-            if m["train-has-pool"] == 1:
+        # fewer than min-clients replies (valid is then empty) and a reply refused for its model
+        # (a NaN update): D_g is not resent needlessly, and is resent to a client that lost it
+        said = {pid: m["train-has-pool"] for pid, m in self.round.clients.items() if "train-has-pool" in m}
+        destinations = self._destinations()
+        for r in rejected:
+            if not r.has_error() and r.content.metric_records:
+                flag = metric_record(r.content).get("has-pool")
+                pid = self._sender(r, destinations)[1]
+                if flag in (0, 1) and pid >= 0:
+                    said.setdefault(pid, flag)
+        for pid, flag in said.items():
+            if flag == 1:
                 self.has_pool.add(pid)
                 self._pool_holder[pid] = self.node_of.get(pid, -1)
             else:  # e.g. a client restarted without its state: it gets D_g again next time
