@@ -31,7 +31,7 @@ from benchmarks.common import run_main, write_result
 from flowerbed.attribution import attribute
 from flowerbed.cli import int_in
 from flowerbed.clients.fedfed import fedfed_loss, make_fedfed_net
-from flowerbed.config import Config
+from flowerbed.config import Config, ConfigError
 from flowerbed.datasets.loading import load_dataset
 from flowerbed.models import build_model
 from flowerbed.privacy import epsilon_for, privatise
@@ -57,8 +57,14 @@ def invert_ssim(shared: torch.Tensor, orig: torch.Tensor, epochs: int, seed: int
             opt.step()
     with torch.no_grad():
         rec = dec(shared[half:])
-    lo, hi = orig.min(), orig.max()
-    return float(ssim((rec - lo) / (hi - lo), (orig[half:] - lo) / (hi - lo), data_range=1.0))
+    return pixel_ssim(rec, orig[half:], orig)
+
+
+def pixel_ssim(rec: torch.Tensor, target: torch.Tensor, ref: torch.Tensor) -> float:
+    """SSIM of reconstructions against their originals, both mapped to [0, 1] by ``ref``'s pixel
+    range, the reconstructions clamped to it (an attacker clips to valid pixels)."""
+    lo, hi = ref.min(), ref.max()
+    return float(ssim(((rec - lo) / (hi - lo)).clamp(0, 1), (target - lo) / (hi - lo), data_range=1.0))
 
 
 def mia_auc(model: nn.Module, members: torch.Tensor, ym: torch.Tensor, non: torch.Tensor,
@@ -95,8 +101,7 @@ def vae_inversion_ssim(net: torch.nn.Module, shared: torch.Tensor, orig: torch.T
     target, x = shared[half:], shared[half:].clone()
     for _ in range(steps):
         x = target + torch.cat([net.vae(b)[0] for b in x.split(256)])
-    lo, hi = orig.min(), orig.max()
-    return float(ssim(((x - lo) / (hi - lo)).clamp(0, 1), (orig[half:] - lo) / (hi - lo), data_range=1.0))
+    return pixel_ssim(x, orig[half:], orig)
 
 
 def main() -> None:
@@ -105,9 +110,14 @@ def main() -> None:
                     type=int_in(10, 10000, "an integer in [10, 10000] (the test set holds the non-members)"))
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--sigma", type=float, default=0.15)
-    ap.add_argument("--sparsity", type=float, default=0.8)
+    ap.add_argument("--sparsity", type=float, default=0.8, help="the fraction of pixels removed, in [0, 1)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    try:  # the run's own checks (sparsity is the fraction removed, in [0, 1); noise is mandatory)
+        Config.from_run_config({"method": "fedxds", "fedxds-sigma": args.sigma,
+                                "fedxds-sparsity": args.sparsity})
+    except ConfigError as e:
+        ap.error(str(e).replace("run-config 'fedxds-", "--").replace("'", "", 1))
     torch.manual_seed(args.seed)
     train, test = load_dataset("fashion-mnist", True), load_dataset("fashion-mnist", False)
     perm = np.random.default_rng(args.seed).permutation(len(train))

@@ -49,7 +49,9 @@ def _flat_rule():
 
 def _set_lrp_rules(model: nn.Module, first_rule: str = "flat") -> None:
     """The composite's rules on ``model``'s layers; ``first_rule='alpha1beta0'`` gives the first
-    layer α1β0 like the other convolutions (on signed, normalised pixels)."""
+    layer α1β0 like the other convolutions. captum's rule clamps the weights only, which is the
+    z⁺ rule on ReLU outputs but not on signed, normalised pixels (x⁻w⁺ terms stay): relevance is
+    conserved, but single pixels get large values that cancel."""
     from captum.attr._utils.lrp_rules import Alpha1_Beta0_Rule, EpsilonRule, IdentityRule
 
     first = next(m for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear))
