@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from flowerbed.config import Config, ConfigError, defaults, load_preset, parse_overrides
+from flowerbed.results import writable_folder
 
 log = logging.getLogger("flowerbed")
 
@@ -22,7 +23,9 @@ log = logging.getLogger("flowerbed")
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The preset file's keys (if any), then the -c/--run-config overrides on top; a relative
     data-root or client-state-dir made absolute (relative to where the launcher runs)."""
-    out = load_preset(args.preset) if args.preset else {}
+    out: dict[str, Any] = {}
+    for preset in args.preset or []:  # several: layered in order, a later one's keys win
+        out.update(load_preset(preset))
     out.update(parse_overrides(list(args.run_config or []), "--run-config/-c"))
     for key in ("data-root", "client-state-dir"):  # the engines' processes run in the project
         if isinstance(out.get(key), str) and out[key]:  # folder: a relative path means here
@@ -38,8 +41,9 @@ def _federation_args(p: argparse.ArgumentParser, resumable: bool = False) -> Non
                    help="whole Ray CPUs per client; clients in parallel = CPUs / this (default 1)")
     p.add_argument("--gpus-per-client", type=float, default=0.0,
                    help="GPU share per client, e.g. 0.25 = four clients per GPU (default 0)")
-    p.add_argument("--preset", default=None,
-                   help="a TOML file of run-config values, e.g. presets/fedx-cpu.toml")
+    p.add_argument("--preset", action="append", default=None,
+                   help="a TOML file of run-config values, e.g. presets/fedx-cpu.toml (repeat it to "
+                        "layer several: a later file's keys win)")
     p.add_argument("--run-config", "-c", action="append", default=[],
                    help="run-config overrides, flwr syntax: \"method='fedprox' lr=0.05\"")
 
@@ -103,8 +107,6 @@ def preflight(overrides: dict[str, Any], num_clients: int, gpus: float, warn: bo
 
     from flowerbed.datasets.federated import client_partitions
     from flowerbed.registry import METHODS
-    from flowerbed.results import writable_folder
-
     cfg = Config.from_run_config(overrides)
     if gpus > 0 and not torch.cuda.is_available():
         raise ConfigError("--gpus-per-client", gpus, "torch sees no CUDA GPU here; use 0 (with a "
@@ -217,7 +219,6 @@ def place_run(overrides: dict[str, Any], cfg: Config, kind: str = "") -> Iterato
         make_folder,
         new_folder,
         refuse_live_writer,
-        writable_folder,
     )
 
     out = Path(cfg.output_dir).expanduser()  # where the run writes: its folder if it exists
@@ -287,8 +288,6 @@ def _seeds(text: str) -> list[int]:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from flowerbed import compare as cmp
-    from flowerbed.results import writable_folder
-
     overrides = compare_overrides(args)
     args.num_clients = 10 if args.num_clients is None else args.num_clients
     if args.resume and not args.out:
@@ -296,7 +295,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     seeds = _seeds(args.seeds) if args.seeds else None
     if seeds and args.seed is not None:
         raise ConfigError("--seed", args.seed, "give either --seed or --seeds, not both")
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = cmp.split_methods(args.methods)
     cmp.check_labels(methods, seeds)
     out = writable_folder("--out", args.out) if args.out else None  # checked before a folder is made
     if out:
@@ -306,6 +305,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if rc.get("resume"):
             raise ConfigError("resume", rc["resume"], "compare continues a comparison with --out "
                               "<its folder> --resume, not a run's resume key")
+        for key in ("output-dir", "run-name"):  # compare places each run itself
+            if rc.get(key):
+                raise ConfigError(key, rc[key], "compare writes each run to <--out>/<method>: "
+                                  "give the comparison's folder with --out")
         for s in seeds or [rc["seed"]]:
             preflight({**rc, "seed": s}, args.num_clients, args.gpus_per_client)
     from flowerbed.engine import federation_config
@@ -337,7 +340,6 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 def cmd_table(args: argparse.Namespace) -> int:
     from flowerbed.compare import failed_runs
-    from flowerbed.results import writable_folder
     from flowerbed.run_table import table_of_runs
 
     table, out = table_of_runs([Path(p) for p in args.run_dirs],
@@ -359,7 +361,9 @@ def cmd_partitions(args: argparse.Namespace) -> int:
     # the plot's file first: a bad --out used to come after the whole table
     name = f"partitions-{cfg.dataset}-{str(cfg.partition).replace(':', '')}.png"
     out = Path(args.out or name).expanduser()
-    out = out / name if out.is_dir() else out  # a folder: the default name in it
+    if out.is_dir() or str(args.out or "").endswith("/") or (args.out and not out.suffix):
+        out = out / name  # a folder (made if new): the default name in it
+    writable_folder("--out", out.parent)
     from matplotlib.figure import Figure
 
     if out.suffix.lower()[1:] not in (kinds := Figure().canvas.get_supported_filetypes()):
@@ -386,6 +390,7 @@ def cmd_superlink(args: argparse.Namespace) -> int:
 
     home = Path(args.home).expanduser() if args.home else engine.shared_home()
     if args.action == "up":
+        writable_folder("--home", home)
         pid = engine.superlink_up(home, port=args.port)
         print(f"SuperLink pid {pid} on 127.0.0.1:{args.port} (simulation, this venv, no per-run installs)")
         print(f"now: FLWR_HOME={home} flwr run . --stream --federation-config "
@@ -435,13 +440,15 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
     check_deploy_options(args)
     home = Path(args.home) if args.home else deploy.DEFAULT_HOME
+    if args.action in ("certs", "node-key", "up"):  # (a file there: a bare OSError after the work)
+        writable_folder("--home", home)
     args.address = args.address or DEPLOY_ADDRESS
     args.port = args.port or DEPLOY_PORT
     if args.action in ("certs", "up"):  # a certificate may name a host only the clients resolve
         deploy.check_address(args.address, resolve=args.action == "up")
     if args.action == "certs":
         hosts = list(dict.fromkeys([*certs.DEFAULT_HOSTS, args.address, *args.host]))
-        out = Path(args.out or home / "certs")
+        out = writable_folder("--out", args.out or home / "certs")
         if (out / certs.CA_CERT).exists() and not args.force:
             raise ConfigError("--out", str(out), f"holds certificates already ({certs.CA_CERT}); "
                               "new ones need a new CA, so every SuperNode would need the new "
@@ -449,7 +456,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         files = certs.make_certs(out, hosts)
         print(f"CA {files['ca']}, SuperLink certificate {files['cert']} (+ key) for {', '.join(hosts)}")
     elif args.action == "node-key":
-        pub = certs.make_node_key(Path(args.out or home / "keys" / "supernode-0"), force=args.force)
+        pub = certs.make_node_key(writable_folder("--out", args.out or home / "keys" / "supernode-0"),
+                                  force=args.force)
         print(f"private key {pub.with_suffix('')}, public key {pub} "
               f"(register it: flwr supernode register {pub} <connection>)")
     elif args.action == "export-data":
@@ -457,7 +465,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         from flowerbed.datasets.federated import client_folders, export_partitions
 
         n = 2 if args.num_clients is None else args.num_clients
-        out = Path(args.out or "client-data")
+        out = writable_folder("--out", args.out or "client-data")  # before the data loads
         if (earlier := [p.name for p in client_folders(out)]) and not args.force:
             raise ConfigError("--out", str(out), f"holds client data folders ({', '.join(earlier[:3])}"
                               f"{', ...' if len(earlier) > 3 else ''}); give another --out, or "
@@ -525,7 +533,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         for name, pid in dep.pids.items():
             print(f"{name:>14} pid {pid}: {'running' if dep.alive(name) else 'gone'}")
         if dep.superlink_gone():
-            print("the SuperLink is gone: restart with `flowerbed deploy down`, then `up`")
+            print(f"the SuperLink is gone: restart with `flowerbed deploy down{deploy.home_option(home)}`, "
+                  "then `up`")
         else:
             print(f"SuperNodes online (flwr supernode list): {deploy.online_nodes(dep)}")
     elif not (Path(home).expanduser() / "pids.json").exists():  # as `superlink down`: not an error
@@ -550,7 +559,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="several methods on identical partitions and seeds")
     c.add_argument("--methods", required=True,
                    help="comma-separated names or variants, e.g. fedavg,fedprox,scaffold or "
-                        "fedsimclr,fedx,fedbyol,fedx@fedx-base='byol'")
+                        "\"fedsimclr,fedx,fedbyol,fedx@fedx-base='byol'\" (quoted, so that the "
+                        "shell keeps the TOML string's quotes)")
     _shortcut_args(c, COMPARE_DEFAULTS)
     c.add_argument("--seeds", default=None,
                    help="comma-separated seeds, e.g. 0,1,2: every method once per seed "
@@ -605,7 +615,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--data-dirs", default="",
                    help="folder from `export-data`: SuperNode i reads only <folder>/client-i")
     d.add_argument("--out", default=None, help="certs / node-key / export-data: where to write")
-    d.add_argument("--preset", default=None, help="run / export-data: a TOML file of run-config values")
+    d.add_argument("--preset", action="append", default=None,
+                   help="run / export-data: a TOML file of run-config values (repeatable, a later one wins)")
     _shortcut_args(d, defaults(), method=True)  # run / export-data
     d.add_argument("--run-config", "-c", action="append", default=[],
                    help="run / export-data: run-config overrides, flwr syntax")
@@ -624,8 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--min-partition-size", type=int, default=None,
                    help="dirichlet: redraw until every client has this many samples "
                         "(default: the preset's or -c's, else 10)")
-    s.add_argument("--preset", default=None,
-                   help="a TOML file of run-config values: shows the split that preset's runs use")
+    s.add_argument("--preset", action="append", default=None,
+                   help="a TOML file of run-config values: shows the split that preset's runs use "
+                        "(repeatable, a later one wins)")
     s.add_argument("--run-config", "-c", action="append", default=[],
                    help="run-config overrides (train-samples, public-fraction, ...), flwr syntax")
     s.add_argument("--out", default=None, help="the plot: a file (PNG, PDF, SVG, ...) or a folder "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -43,8 +44,16 @@ def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
     E.g. ``fedx@fedx-base='byol'`` runs FedX over BYOL; the label names its run directory.
     """
     method, *pairs = spec.split("@")
-    extra = parse_overrides([" ".join(pairs)], f"--methods {spec}") if pairs else {}
+    extra = parse_overrides([" ".join(pairs)], "--methods") if pairs else {}
+    if "method" in extra:  # (it would win over the name before the '@', and the label mislead)
+        raise ConfigError("--methods", spec, "a variant cannot set method: name it before the '@'")
     return spec, {"method": method.strip(), **extra}
+
+
+def split_methods(text: str) -> list[str]:
+    """``--methods``' comma-separated specs; a comma inside quotes belongs to a variant's value
+    (``fedprotocl@protocl-clusters='2,3'``)."""
+    return [m.strip() for m in re.findall(r"""(?:[^,'"]|'[^']*'|"[^"]*")+""", text) if m.strip()]
 
 
 def _rounds(overrides: dict[str, Any]) -> str:
@@ -71,8 +80,8 @@ def check_labels(methods: list[str], seeds: list[int] | None = None) -> None:
             raise ConfigError("--methods", m, "a method@seed=... variant cannot be compared over "
                               "--seeds (every seed would run its one seed)")
         if (other := seen.setdefault(run_label(m), m)) is not m:
-            raise ConfigError("--methods", ",".join(methods), f"{other!r} and {m!r} " + (
-                "are given twice" if other == m else f"would share the run folder {run_label(m)}"))
+            raise ConfigError("--methods", ",".join(methods), f"{m!r} is given twice" if other == m
+                              else f"{other!r} and {m!r} would share the run folder {run_label(m)}")
 
 
 def default_out() -> Path:

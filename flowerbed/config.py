@@ -44,7 +44,8 @@ class ConfigError(ValueError):
     def __init__(self, key: str, value: Any, allowed: str) -> None:
         # a command-line flag, a positional argument (RUN_DIR), or a run-config key
         what = "option" if key.startswith("--") else "argument" if key.isupper() else "run-config"
-        super().__init__(f"{what} '{key}' = {value!r} is invalid: {allowed}")
+        given = "" if value is True and key.startswith("--") else f" = {value!r}"  # a flag
+        super().__init__(f"{what} '{key}'{given} is invalid: {allowed}")
         self.key, self.value, self.allowed = key, value, allowed
 
 
@@ -66,6 +67,7 @@ def parse_overrides(items: list[str], source: str) -> dict[str, Any]:
     (flwr would skip it: ``lr = 0.05``, ``momentum``), is a ConfigError naming ``source``."""
     from flwr.common.config import parse_config_args
 
+    keys: list[str] = []  # over every item: `-c lr=0.1 -c lr=0.2` is as ambiguous as one string
     for item in items:
         if item.strip().endswith(".toml"):
             if not Path(item.strip()).is_file():
@@ -74,14 +76,16 @@ def parse_overrides(items: list[str], source: str) -> dict[str, Any]:
             raise ConfigError(source, item, f"{' '.join(stray)!r} is not a key=value pair (no "
                               "spaces around '='; strings need quotes, e.g. partition='iid')")
         else:
-            keys = [k for k, _ in _PAIR.findall(item)]
+            keys += [k for k, _ in _PAIR.findall(item)]
             if twice := sorted({k for k in keys if keys.count(k) > 1}):
-                raise ConfigError(source, item, f"{', '.join(twice)} given twice")
+                raise ConfigError(source, " ".join(items), f"{', '.join(twice)} given twice")
     try:
         return parse_config_args(items)
     except Exception as e:  # noqa: BLE001 - flwr raises click's exception for a malformed string
-        raise ConfigError(source, " ".join(items), f"{getattr(e, 'message', e)} (strings need "
-                          "quotes, e.g. partition='dirichlet:0.1')") from None
+        first = str(getattr(e, "message", e)).split(". ")[0].rstrip(".")
+        raise ConfigError(source, " ".join(items), f"{first}: values are TOML, so strings need "
+                          "quotes, and the shell strips them unless the whole argument is quoted: "
+                          "-c \"partition='dirichlet:0.1'\"") from None
 
 
 def load_preset(path: str) -> dict[str, Any]:
@@ -431,7 +435,9 @@ class Config:
         for key in ("train-samples", "test-samples", "min-partition-size"):
             v = getattr(self, key.replace("-", "_"))
             if v < 0:
-                raise ConfigError(key, v, "must be an integer >= 0 (0 = no limit)")
+                raise ConfigError(key, v, "must be an integer >= 0 (" + (
+                    "0: no minimum, though a client with no samples is still refused"
+                    if key == "min-partition-size" else "0: the whole split") + ")")
         if not 0 <= self.public_fraction < 1:
             raise ConfigError("public-fraction", self.public_fraction, "must be in [0, 1)")
         if self.method in DISTILL_METHODS and self.public_fraction == 0:
@@ -695,8 +701,9 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
         raise ConfigError(key, value, f"expected a number ({name}), got a boolean")
     if name in ("int", "float") and not isinstance(value, int | float):
         raise ConfigError(key, value, f"expected a number ({name}), got {type(value).__name__}")
-    if name == "str" and isinstance(value, int | float) and not isinstance(value, bool):  # -c key=25
-        raise ConfigError(key, value, f"expected a string: quote it, {key}='{value}'")
+    if name in ("str", "Partition") and isinstance(value, int | float) and not isinstance(value, bool):
+        example = f"{key}='dirichlet:{value}'" if name == "Partition" else f"{key}='{value}'"
+        raise ConfigError(key, value, f"expected a string: quote it, {example}")
     try:
         if name == "int":
             if isinstance(value, float) and not value.is_integer():

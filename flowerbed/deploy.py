@@ -129,8 +129,8 @@ class Deployment:
     def load(cls, home: Path = DEFAULT_HOME) -> Deployment:
         f = Path(home).resolve() / "pids.json"
         if not f.exists():
-            raise DeployError(f"no deployment started from {Path(home).resolve()} "
-                              "(no pids.json); start one with `flowerbed deploy up`")
+            raise DeployError(f"no deployment started from {Path(home).resolve()} (no pids.json); "
+                              f"start one with `flowerbed deploy up{home_option(Path(home))}`")
         try:
             d = json.loads(f.read_text())
             return cls(home=home, address=d["address"], insecure=d["insecure"], auth=d["auth"],
@@ -393,7 +393,7 @@ def check_superlink(dep: Deployment) -> None:
     if dep.superlink_gone():
         raise DeployError(f"the SuperLink of {dep.home} is not running (pid {dep.pids['superlink']} "
                           f"is gone; its log: {dep.log_file('superlink')}); restart the deployment "
-                          "with `flowerbed deploy down`, then `up`")
+                          f"with `flowerbed deploy down{home_option(dep.home)}`, then `up`")
 
 
 def run(dep: Deployment, run_config: dict[str, Any], **kwargs: Any) -> dict[str, Any]:

@@ -194,8 +194,9 @@ def superlink_up(home: Path | None = None, port: int = 39191) -> int:
     with held(home / "superlink.lock", EngineError(f"another `flowerbed superlink up` is starting "
                                                    f"a SuperLink from {home} now")):
         if (pid := _read_pid(pid_file)) is not None and _alive(*pid):
+            where = "" if home == shared_home() else f" --home {home}"
             raise EngineError(f"a SuperLink is already running (pid {pid[0]}); stop it with "
-                              "`flowerbed superlink down`")
+                              f"`flowerbed superlink down{where}`")
         if port_open("127.0.0.1", port):
             raise EngineError(f"port {port} is in use (another SuperLink?); pick another with --port")
         with open(home / "superlink.log", "ab") as out:

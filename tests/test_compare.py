@@ -31,6 +31,18 @@ def overrides(*argv: str) -> dict:
     return cli.compare_overrides(cli.build_parser().parse_args(["compare", "--methods", "fedx", *argv]))
 
 
+def test_a_comma_inside_quotes_belongs_to_the_variant_and_presets_layer(tmp_path):
+    """From a CLI review: --methods was cut at every comma, and a second --preset replaced the
+    first without a word."""
+    assert cmp.split_methods("fedavg, fedprotocl@protocl-clusters='2,3',fedx") == [
+        "fedavg", "fedprotocl@protocl-clusters='2,3'", "fedx"]
+    assert cmp.parse_variant("fedprotocl@protocl-clusters='2,3'")[1]["protocl-clusters"] == "2,3"
+    (tmp_path / "a.toml").write_text("lr = 0.5\nseed = 3\n")
+    (tmp_path / "b.toml").write_text("lr = 0.1\n")
+    rc = overrides("--preset", str(tmp_path / "a.toml"), "--preset", str(tmp_path / "b.toml"))
+    assert (rc["lr"], rc["seed"]) == (0.1, 3)
+
+
 def test_a_relative_data_root_or_state_folder_means_the_launchers_folder(tmp_path, monkeypatch):
     """From a review: the launcher checked ./fm-subset, the engines' processes (in the project
     folder) read another, or fell back to the full data set."""
@@ -211,7 +223,8 @@ def test_seed_tables_show_a_streams_mean_accuracy_failures_and_skipped_rounds():
 @pytest.mark.parametrize("argv,said", [
     (["run", "-c", "partition=dirichlet:0.1"], "strings need quotes"),
     (["run", "--preset", "presets/no-such.toml"], "'--preset' = 'presets/no-such.toml' is invalid: no such"),
-    (["compare", "--methods", "fedavg@lr=x"], "'--methods fedavg@lr=x'"),
+    (["compare", "--methods", "fedavg@lr=x"], "'--methods' = 'lr=x'"),
+    (["compare", "--methods", "fedx@fedx-base=byol"], "unless the whole argument is quoted"),
     (["compare", "--methods", "fedavg", "--resume"], "needs --out"),
     # flwr's parser skips text that is not key=value; it used to run with the defaults
     (["run", "-c", "lr = 0.05"], "'lr = 0.05' is not a key=value pair"),
@@ -219,13 +232,23 @@ def test_seed_tables_show_a_streams_mean_accuracy_failures_and_skipped_rounds():
     (["compare", "--methods", "fedprox@proximal-mu 0.1"], "'proximal-mu 0.1' is not a key=value"),
     (["run", "--preset", "presets/fedx-cpu"], "'presets/fedx-cpu' is invalid: no such file"),
     (["run", "--preset", "README.md"], "a preset is a TOML file"),
-    (["compare", "--methods", "fedavg,fedprox,fedavg"], "'fedavg' and 'fedavg' are given twice"),
+    (["compare", "--methods", "fedavg,fedprox,fedavg"], "'fedavg' is given twice"),
     (["compare", "--methods", "fedavg@lr=0.1@momentum=0.5,fedavg@lr=0.1 momentum=0.5"],
      "would share the run folder fedavg_lr_0.1_momentum_0.5"),
     (["compare", "--methods", "fedavg,fedavg@seed=7", "--seeds", "0,1"], "cannot be compared over"),
     (["compare", "--methods", "fedavg@seed=-1"], "'seed' = -1"),  # the variant's seed is checked
     # found by a bad-input sweep (each was a traceback, a late failure or a misleading message)
     (["run", "-c", "lr=0.05 lr=0.1"], "lr given twice"),
+    # from a CLI review: each was ignored, wrong, or a bare OSError
+    (["run", "-c", "lr=0.05", "-c", "lr=0.1"], "lr given twice"),
+    (["compare", "--methods", "fedavg@method='fedprox'"], "a variant cannot set method"),
+    (["compare", "--methods", "fedavg", "-c", "output-dir='/tmp/x'"], "'output-dir' = '/tmp/x' is invalid"),
+    (["compare", "--methods", "fedavg@run-name='x'"], "give the comparison's folder with --out"),
+    (["run", "-c", "partition=0.5"], "quote it, partition='dirichlet:0.5'"),
+    (["superlink", "up", "--home", "/etc/passwd"], "/etc/passwd is a file"),
+    (["deploy", "certs", "--out", "/etc/passwd"], "/etc/passwd is a file"),
+    (["deploy", "export-data", "--out", "/etc/passwd"], "/etc/passwd is a file"),
+    (["partitions", "--out", "/etc/passwd/x.png"], "/etc/passwd is a file"),
     (["compare", "--methods", "fedavg@lr=0.1@lr=0.2"], "lr given twice"),
     (["compare", "--methods", "fedavg@resume='/tmp'"], "'resume' = '/tmp'"),
     (["run", "--cpus-per-client", "1000"], "more than this machine's"),

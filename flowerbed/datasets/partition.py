@@ -135,6 +135,8 @@ def _split(labels, partition, num_partitions, seed, min_size) -> tuple[np.ndarra
             # one per redraw, listing every client's alpha; a split that never succeeds is our
             # one-line ConfigError below, and one that does needs no warning
             warnings.filterwarnings("ignore", message="The specified min_partition_size")
+            # pyarrow's deprecation inside the shard partitioner's sort, twice a split
+            warnings.filterwarnings("ignore", message=".*null_placement", category=FutureWarning)
             out = tuple(np.asarray(part.load_partition(i)["idx"], dtype=np.int64)
                         for i in range(num_partitions))
     except ValueError as e:
