@@ -34,9 +34,14 @@ def _clean(v: Any) -> Any:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write a file so that a crash or a kill mid-write leaves the previous one intact."""
+    """Write a file so that a crash, a kill or a power loss mid-write leaves the previous one
+    intact: the text is on disk before the rename (summary.json's mere presence says "finished",
+    so an empty one after a power loss would stop a resume)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 

@@ -1284,3 +1284,18 @@ def test_plots_keep_a_readable_y_span():
 
     assert min_span(0.733, 0.740, 0.05) == pytest.approx((0.7115, 0.7615))
     assert min_span(0.1, 0.9, 0.05) == (0.1, 0.9)
+
+
+def test_results_files_are_on_disk_before_they_replace_the_old_ones(tmp_path, monkeypatch):
+    """From a review: summary.json's presence says "finished"; renamed unsynced, a power loss
+    could leave it empty, and a resume was then refused as finished."""
+    import os
+
+    from flowerbed import results
+
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(results.os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    results.write_json_atomic(tmp_path / "summary.json", {"a": 1})
+    assert synced and json.loads((tmp_path / "summary.json").read_text()) == {"a": 1}
+    assert not list(tmp_path.glob("*.tmp"))
