@@ -514,7 +514,8 @@ def seed_stats(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
         stats[f"{key}-mean"] = statistics.fmean(finite) if finite else None
         stats[f"{key}-std"] = statistics.stdev(finite) if len(finite) > 1 else None
         stats[f"{key}-n"] = len(finite)  # < seeds-ok: a seed that ran but has no figure (diverged)
-    for key in ("rounds", "rounds-aggregated", "client-failures-total"):  # per seed, as they are
+    for key in ("rounds", "rounds-aggregated", "client-failures-total", "final-round",
+                "final-client-round"):  # per seed, as they are
         stats[key] = {s: r.get(key) for s, r in ok.items()}
     return stats
 
@@ -541,14 +542,22 @@ def mean_curve(runs: list[list[dict[str, Any]]], keys: tuple[str, ...] = ("accur
 
 def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n: int,
                 seeds: list[int]) -> str:
+    def at(st: dict[str, Any], key: str, s: Any) -> dict[str, Any]:  # one seed's round fields
+        return {k: {str(t): v for t, v in st.get(k, {}).items()}.get(str(s))  # (str keys once read back)
+                for k in ("rounds", key)}
+
     def mean_sd(st: dict[str, Any], key: str) -> str:
         sd, n, ran = st.get(f"{key}-std"), st.get(f"{key}-n"), len(st["seeds-ok"])
         short = f" ({n} of {ran} seeds)" if n is not None and 0 < n < ran else ""
+        by = {"final-accuracy": "final-round", CLIENT_ACC: "final-client-round"}.get(key)
+        early_n = sum(bool(early(at(st, by, s), by)) for s in st["seeds-ok"]) if by else 0
+        short += f" ({early_n} from an earlier round)" if early_n else ""  # a final no later round had
         return pct(st.get(f"{key}-mean")) + ("" if sd is None else f" ± {100 * sd:.2f}") + short
 
     def per_seed(st: dict[str, Any]) -> str:  # each value named by its seed
         by_seed = {str(s): v for s, v in st["final-accuracy"].items()}  # str keys once read back
-        return ", ".join(f"{pct(by_seed.get(str(s)))} (s{s})" for s in st["seeds-ok"]) or "-"
+        return ", ".join(f"{pct(by_seed.get(str(s)))}{early(at(st, 'final-round', s), 'final-round')} (s{s})"
+                         for s in st["seeds-ok"]) or "-"
 
     def failures(st: dict[str, Any]) -> str:  # over the seeds that ran to the end
         counts = st.get("client-failures-total", {}).values()

@@ -1299,3 +1299,17 @@ def test_results_files_are_on_disk_before_they_replace_the_old_ones(tmp_path, mo
     results.write_json_atomic(tmp_path / "summary.json", {"a": 1})
     assert synced and json.loads((tmp_path / "summary.json").read_text()) == {"a": 1}
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_seeds_final_from_an_earlier_round_is_marked_in_the_table_over_seeds():
+    """From a review: the single-run table marked it '(round 1)', the table over seeds averaged
+    it with the other seeds' last-round figures without a word."""
+    def run(acc, final_round):
+        return {"final-accuracy": acc, "best-accuracy": acc, "final-round": final_round, "rounds": 3}
+
+    st = cmp.seed_stats({0: run(0.4, 1), 1: run(0.9, 3), 2: run(0.9, 3)})
+    table = cmp.seeds_table({"ditto": st}, {"num-server-rounds": 3}, 3, [0, 1, 2])
+    assert "73.33 ± 28.87 (1 from an earlier round)" in table
+    assert "40.00 (round 1) (s0), 90.00 (s1), 90.00 (s2)" in table
+    back = json.loads(json.dumps(st))  # as results.json holds it: the seeds are str keys
+    assert "40.00 (round 1) (s0)" in cmp.seeds_table({"ditto": back}, {}, 3, [0, 1, 2])
