@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from flowerbed.clients.fedade import bbse_weights, lr_from
-from flowerbed.config import Config
+from flowerbed.config import Config, ConfigError, parse_partition
 from flowerbed.datasets.streams import client_batch, client_weight, corrupt, schedule, severity
 from flowerbed.registry import METHODS
 from tests.conftest import StreamClient, sent
@@ -238,9 +238,29 @@ def test_an_impossible_target_split_is_named_before_round_1():
 
     cfg = Config.from_run_config({"method": "fedade", "train-samples": 1500, "partition": "dirichlet:0.1",
                                   "min-partition-size": 1, "num-server-rounds": 4})
-    with pytest.raises(ConfigError, match=r"post-deployment pool \(300 samples.*over 20 clients"):
-        FedADEStrategy(cfg).check_setup(20)
+    with pytest.raises(ConfigError, match=r"post-deployment pool \(300 samples.*over 60 clients"):
+        FedADEStrategy(cfg).check_setup(60)
     FedADEStrategy(cfg).check_setup(2)  # possible: no error
+
+
+def test_a_dirichlet_target_split_is_redrawn_until_every_client_has_its_minimum():
+    """From a review: flwr-datasets gives up after 10 draws, and the paper's setting (100 CIFAR-10
+    clients, alpha 0.1) succeeds about once in 400, so its preset could never start; the
+    official code redraws until it succeeds. The first draw stays the run's own seed's."""
+    from flowerbed.datasets.partition import partition_indices
+    from flowerbed.datasets.streams import TARGET_MIN_SIZE, target_partitions
+    from flowerbed.pretrain import pools
+
+    cfg = Config.from_run_config({"method": "fedade", "train-samples": 1500, "partition": "dirichlet:0.1",
+                                  "min-partition-size": 1, "num-server-rounds": 4})
+    labels = pools(cfg)[2].y.numpy()
+    with pytest.raises(ConfigError, match="max number of attempts"):  # flwr-datasets' 10 draws
+        partition_indices(labels, cfg.partition, 20, cfg.seed, min_partition_size=TARGET_MIN_SIZE)
+    parts = target_partitions(cfg, 20)
+    assert min(len(p) for p in parts) >= TARGET_MIN_SIZE and sum(map(len, parts)) == len(labels)
+    assert [p.tolist() for p in target_partitions(cfg.replace(partition=parse_partition("dirichlet:5")), 3)] \
+        == [p.tolist() for p in partition_indices(labels, parse_partition("dirichlet:5"), 3, cfg.seed,
+                                                   min_partition_size=TARGET_MIN_SIZE)]
 
 
 def test_a_batch_beyond_the_pool_and_streams_that_never_shift_are_named(caplog):

@@ -279,7 +279,7 @@ class FedADEClient(Client):
             pre = {"pre-correct": correct(model.eval(), x, y), "pre-n": len(y)}
         s_unc, s_rep = self.shift(model, x, t)
         lr = self.learning_rate(s_unc, s_rep)
-        loss = self.adapt(model, self.risk_on(x, msg), lr)
+        loss = self.adapt(model, self.risk_on(x, msg), lr) if lr > 0 else float("nan")  # (no f_0 pass)
         record = to_record(model)
         shared = ArrayRecord({k: v for k, v in record.items() if not is_personal(k)})
         # a model gone NaN: its layers and buffers dropped (the server sends the whole model

@@ -23,18 +23,35 @@ log = logging.getLogger("flowerbed")
 
 
 def partition_indices(labels: np.ndarray, partition: Partition, num_partitions: int, seed: int,
-                      min_partition_size: int = 10) -> list[np.ndarray]:
+                      min_partition_size: int = 10, redraws: int = 1) -> list[np.ndarray]:
     """Indices into ``labels`` for each of ``num_partitions`` clients (seeded, deterministic).
 
-    Raises :class:`ConfigError` naming the key when the split is impossible.
+    ``redraws`` > 1: a Dirichlet split that flwr-datasets gives up on (10 draws below
+    ``min_partition_size``) is tried again with seeds derived from ``seed``, up to that many
+    times in all (the first with ``seed`` itself). Raises :class:`ConfigError` naming the key
+    when the split is impossible.
     """
     labels = np.asarray(labels)
     key = (hashlib.sha256(labels.astype(np.int64).tobytes()).hexdigest(), str(partition),
-           int(num_partitions), int(seed), int(min_partition_size))
+           int(num_partitions), int(seed), int(min_partition_size), *([int(redraws)] if redraws > 1 else []))
     if key not in _CACHE:
-        _CACHE[key] = _on_disk(key, lambda: _split(labels, partition, num_partitions, seed,
-                                                   min_partition_size))
+        _CACHE[key] = _on_disk(key, lambda: _redrawn(labels, partition, num_partitions, seed,
+                                                     min_partition_size, redraws))
     return [p.copy() for p in _CACHE[key]]
+
+
+def _redrawn(labels, partition, num_partitions, seed, min_size, redraws) -> tuple[np.ndarray, ...]:
+    tries = redraws if partition.kind == "dirichlet" else 1
+    for attempt in range(tries):
+        s = seed if attempt == 0 else int(np.random.default_rng([seed, 83, attempt]).integers(2 ** 31))
+        try:
+            return _split(labels, partition, num_partitions, s, min_size)
+        except ConfigError as e:
+            if attempt == tries - 1:
+                if tries > 1:
+                    raise ConfigError(e.key, e.value, f"{e.allowed} (in {10 * tries} draws)") from None
+                raise
+    raise AssertionError("unreachable")
 
 
 _CACHE: dict[tuple, tuple[np.ndarray, ...]] = {}
