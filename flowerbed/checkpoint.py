@@ -262,11 +262,23 @@ def finished_reason(run_dir: Path, asked: int, reached: int | None = None) -> st
     return None
 
 
+#: a key added later -> the key whose value it took before (its value in older checkpoints)
+INHERITED = {"fedx-tau-local": "fedx-tau-target"}
+
+
+def with_added_keys(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` (an older run's config) with the keys added since (num-partitions,
+    fedxds-noise, ...) at their value in ``current``, or at that of the key that used to serve
+    for them (:data:`INHERITED`)."""
+    return {**{k: saved.get(INHERITED.get(k), v) for k, v in current.items() if k not in saved}, **saved}
+
+
 def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """``"key: old -> new"`` for each run-config key of ``current`` that differs from ``saved``'s,
-    :data:`RESUMABLE_CHANGES` aside; a key ``saved`` lacks (added since) is no change. What the
-    launcher refuses before a resume starts."""
+    """``"key: old -> new"`` for each run-config key of ``current`` that differs from ``saved``'s
+    (:func:`with_added_keys`), :data:`RESUMABLE_CHANGES` aside. What the launcher refuses before
+    a resume starts."""
     free = resumable_changes(saved)
+    saved = with_added_keys(saved, current)
     return [f"{k}: {saved.get(k)!r} -> {v!r}" for k, v in current.items()
             if k not in free and saved.get(k, v) != v]
 

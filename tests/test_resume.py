@@ -918,3 +918,11 @@ def test_a_diverged_run_reports_no_accuracy_and_keeps_its_model(tmp_path, monkey
     with pytest.raises(server_app.NothingAggregated, match="held NaN or inf in 2 of 2 rounds"):
         run_inprocess(config(tmp_path, "fedfew", "nan-weights", **{"num-models": k}), 3)
     assert [r.get("diverged") for r in rows("nan-weights")] == [None, True, True]
+
+
+def test_the_launchers_check_of_an_older_run_knows_which_key_a_new_one_took_over():
+    """From a review: compare --resume kept a finished FedX run from before fedx-tau-local as if
+    it had run with the current value; the ServerApp would have refused it."""
+    old = {"method": "fedx", "fedx-tau-target": 0.2, "num-server-rounds": 4}
+    assert checkpoint.config_changes(old, {**old, "fedx-tau-local": 0.1}) == ["fedx-tau-local: 0.2 -> 0.1"]
+    assert checkpoint.config_changes(old, {**old, "fedx-tau-local": 0.2, "public-fraction": 0.0}) == []

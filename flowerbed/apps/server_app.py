@@ -459,10 +459,6 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         return summary
 
 
-#: a key added later -> the key whose value it took before (its value in older checkpoints)
-INHERITED = {"fedx-tau-local": "fedx-tau-target"}
-
-
 def _resume_point(cfg: Config, current: dict[str, Any]) -> tuple[dict[str, Any] | None, str, str]:
     """(checkpoint, output dir, run name): a fresh run, or the one ``resume`` names. A run that
     died after its last round's checkpoint but before its summary resumes to write its outputs."""
@@ -470,10 +466,7 @@ def _resume_point(cfg: Config, current: dict[str, Any]) -> tuple[dict[str, Any] 
         return None, cfg.output_dir, cfg.run_name or default_run_name(cfg)
     path = Path(cfg.resume).expanduser().resolve()
     ckpt = checkpoint.load(path)
-    # keys added since an older checkpoint was written (num-partitions, fedxds-noise, ...) take
-    # their current value, or that of the key that used to serve for them
-    saved = {**{k: ckpt["config"].get(INHERITED.get(k), v) for k, v in current.items()
-                if k not in ckpt["config"]}, **ckpt["config"]}
+    saved = checkpoint.with_added_keys(ckpt["config"], current)  # an older checkpoint's config
     checkpoint.check_compatible(saved, current, path / checkpoint.FILE)
     if reason := checkpoint.finished_reason(path, cfg.num_server_rounds, ckpt["round"]):
         raise checkpoint.CheckpointError(f"resume: {reason}")
