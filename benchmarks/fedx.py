@@ -77,10 +77,11 @@ def main() -> None:
     table = seeds_table(res, overrides, 10, seeds)
 
     def acc(name: str, key: str = "final-accuracy") -> float | None:
-        """A row's mean over the seeds; None if a seed failed (means over other seeds than
-        its peer's are not compared)."""
+        """A row's mean over the seeds; None if a seed failed or has no figure (it diverged):
+        means over other seeds than its peer's are not compared."""
         row = res.get(name, {})
-        return None if row.get("seeds-failed") else row.get(f"{key}-mean")
+        whole = not row.get("seeds-failed") and row.get(f"{key}-n") in (None, len(row.get("seeds-ok", [])))
+        return row.get(f"{key}-mean") if whole else None
 
     floor = acc("fedsimclr", "initial-accuracy")
     checks = {
