@@ -149,8 +149,10 @@ def resume_overrides(run_dir: str) -> tuple[dict[str, Any], int]:
     except (OSError, json.JSONDecodeError, AttributeError, TypeError, ValueError) as e:
         raise ConfigError("--resume", run_dir, f"no readable config.json in {path} "
                           f"({type(e).__name__}: {e})") from None
-    keys = set(defaults())
-    rc = {k: v for k, v in saved.items() if k in keys}
+    from flowerbed.checkpoint import with_added_keys
+
+    keys = set(defaults())  # keys added since the run: as it ran without them (INHERITED & co.)
+    rc = with_added_keys({k: v for k, v in saved.items() if k in keys}, defaults())
     rc.update({"resume": str(path), "output-dir": str(path.parent), "run-name": path.name})
     return rc, n
 

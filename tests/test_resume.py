@@ -926,3 +926,26 @@ def test_the_launchers_check_of_an_older_run_knows_which_key_a_new_one_took_over
     old = {"method": "fedx", "fedx-tau-target": 0.2, "num-server-rounds": 4}
     assert checkpoint.config_changes(old, {**old, "fedx-tau-local": 0.1}) == ["fedx-tau-local: 0.2 -> 0.1"]
     assert checkpoint.config_changes(old, {**old, "fedx-tau-local": 0.2, "public-fraction": 0.0}) == []
+
+
+def test_the_launcher_resumes_an_older_run_as_it_ran(tmp_path):
+    """A run from before fedx-tau-local and ssl-augment: `flowerbed run --resume` takes the value
+    of the key that served for the first (the ServerApp refused the default) and the views the
+    run drew (per sample, where 'auto' batches them on a GPU); a method that does not read a
+    key keeps its default."""
+    from flowerbed import cli
+
+    for method, extra in (("fedx", {"fedx-tau-target": 0.2}), ("fedavg", {})):
+        run = tmp_path / method
+        run.mkdir()
+        old = {k: v for k, v in {**defaults(), "method": method, **extra}.items()
+               if k not in ("fedx-tau-local", "ssl-augment")}
+        (run / "config.json").write_text(json.dumps({**old, "num-partitions": 3}))
+        rc, n = cli.resume_overrides(str(run))
+        assert n == 3 and rc["resume"] == str(run.resolve())
+        if method == "fedx":
+            assert (rc["fedx-tau-local"], rc["ssl-augment"]) == (0.2, "per-sample")
+        else:
+            assert rc["ssl-augment"] == defaults()["ssl-augment"]
+        saved = checkpoint.with_added_keys(old, Config.from_run_config(rc).to_run_config())
+        assert not checkpoint.config_changes(saved, Config.from_run_config(rc).to_run_config())
