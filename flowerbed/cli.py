@@ -458,8 +458,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         files = certs.make_certs(out, hosts)
         print(f"CA {files['ca']}, SuperLink certificate {files['cert']} (+ key) for {', '.join(hosts)}")
     elif args.action == "node-key":
-        pub = certs.make_node_key(writable_folder("--out", args.out or home / "keys" / "supernode-0"),
-                                  force=args.force)
+        key = Path(args.out or home / "keys" / "supernode-0")  # the private key's file
+        writable_folder("--out", key.parent)
+        pub = certs.make_node_key(key, force=args.force)
         print(f"private key {pub.with_suffix('')}, public key {pub} "
               f"(register it: flwr supernode register {pub} <connection>)")
     elif args.action == "export-data":

@@ -28,7 +28,7 @@ from dropout import assert_dropped, run_killing_node
 from methods import EXTRA
 from netns import netns_usable
 
-from flowerbed import certs, deploy
+from flowerbed import certs, deploy, engine
 from flowerbed.config import Config, ConfigError
 from flowerbed.datasets.federated import client_data, export_partitions, read_partition_dir
 from flowerbed.datasets.loading import DataError
@@ -877,3 +877,39 @@ def test_each_start_of_a_deployment_process_is_headed_in_its_log(tmp_path):
     lines = log.read_text().splitlines()
     assert [ln.startswith("===== ") for ln in lines] == [True, False, True, False]
     assert lines[1] == "output" and "-c" in lines[0]
+
+
+def test_the_app_flwr_run_ships_is_the_package_only(tmp_path):
+    """From a review: flwr builds the FAB from every .py/.toml/.json/.md in the project, so a
+    deploy --home inside it (its apps/ holds each run's installed FAB) was shipped again by the
+    next run, doubling until flwr refused it past 10 MB; tests, docs and results went too."""
+    import io
+    import zipfile
+
+    from flwr.cli.build import build_fab_from_disk
+
+    home = engine.PROJECT / "tmp-test-home-fab"
+    (home / "apps" / "x").mkdir(parents=True, exist_ok=True)
+    try:
+        (home / "apps" / "x" / "a.py").write_text("x = 1\n")
+        names = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(engine.PROJECT))).namelist()
+    finally:
+        import shutil
+
+        shutil.rmtree(home)
+    assert {n.split("/")[0] for n in names} == {"flowerbed", "pyproject.toml", ".info"}
+    assert "flowerbed/apps/server_app.py" in names
+
+
+def test_node_key_force_replaces_a_key_pair(tmp_path, capsys):
+    """From a review: --out went through the folder check, which refused the existing key file,
+    so --force could not replace it."""
+    from flowerbed import cli
+
+    key = str(tmp_path / "keys" / "k")
+    assert cli.main(["deploy", "node-key", "--out", key]) == 0
+    first = (tmp_path / "keys" / "k.pub").read_text()
+    assert cli.main(["deploy", "node-key", "--out", key]) == 2
+    assert "holds a key pair already" in capsys.readouterr().err
+    assert cli.main(["deploy", "node-key", "--out", key, "--force"]) == 0
+    assert (tmp_path / "keys" / "k.pub").read_text() != first
