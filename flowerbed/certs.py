@@ -33,8 +33,8 @@ def _name(cn: str) -> x509.Name:
 def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
     names: list[x509.GeneralName] = []
     for h in hosts:
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(h)))
+        try:  # an IPv6 literal as written in an address ([2001:db8::5]) is an IP entry too
+            names.append(x509.IPAddress(ipaddress.ip_address(h.strip("[]"))))
         except ValueError:
             names.append(x509.DNSName(h))
     return x509.SubjectAlternativeName(names)

@@ -497,7 +497,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         extra = [{"data-root": data_root,  # SuperNodes run in the project folder, not here
                   "data-dir": str(Path(args.data_dirs).resolve() / f"client-{i}") if args.data_dirs else ""}
                  for i in range(args.num_clients)]
-        dep = deploy.up(deploy.Deployment(home=home, address=f"{args.address}:{args.port}",
+        dep = deploy.up(deploy.Deployment(home=home, address=deploy.with_port(args.address, args.port),
                                           insecure=args.insecure, auth=args.auth,
                                           own_data=bool(args.data_dirs)),
                         args.num_clients, host=args.host_bind or deploy.bind_for(args.address),

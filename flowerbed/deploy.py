@@ -268,6 +268,18 @@ def check_address(address: str, resolve: bool = True) -> None:
         raise ConfigError("--address", address, f"this machine cannot resolve it ({e})") from None
 
 
+def with_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 literal in brackets (``::1`` -> ``[::1]:8000``; bare, flwr's
+    https://::1:8000 is no URL)."""
+    import ipaddress
+
+    bare = host.strip("[]")
+    with contextlib.suppress(ValueError):
+        if ipaddress.ip_address(bare).version == 6:
+            return f"[{bare}]:{port}"
+    return f"{host}:{port}"
+
+
 def bind_for(address: str) -> str:
     """The interface a SuperLink reached at ``address`` listens on: the loopback where the
     address is the loopback (nothing else can reach it), else all interfaces (a SuperLink bound

@@ -913,3 +913,20 @@ def test_node_key_force_replaces_a_key_pair(tmp_path, capsys):
     assert "holds a key pair already" in capsys.readouterr().err
     assert cli.main(["deploy", "node-key", "--out", key, "--force"]) == 0
     assert (tmp_path / "keys" / "k.pub").read_text() != first
+
+
+def test_an_ipv6_address_is_bracketed_and_named_as_an_ip_in_the_certificate(tmp_path):
+    """From a review: --address ::1 gave flwr 'https://::1:8000' (no URL), and [2001:db8::5]
+    went into the certificate as a DNS name, which TLS never matches against an address."""
+    import ipaddress
+
+    assert deploy.with_port("::1", 8000) == "[::1]:8000" == deploy.with_port("[::1]", 8000)
+    assert deploy.with_port("10.0.0.5", 80) == "10.0.0.5:80"
+    assert deploy.with_port("node.example", 80) == "node.example:80"
+    from pathlib import Path
+
+    cert = Path(certs.make_certs(tmp_path, ["localhost", "[2001:db8::5]"])["cert"])
+    san = x509.load_pem_x509_certificate(cert.read_bytes()).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value
+    assert ipaddress.ip_address("2001:db8::5") in san.get_values_for_type(x509.IPAddress)
+    assert not certs.unnamed(cert, ["[2001:db8::5]", "2001:db8::5"])
