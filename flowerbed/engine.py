@@ -541,8 +541,12 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
             sink.close()
     if _stamp(summary) in (None, before):
         where = f"its log: {log_file}" if log_file else "its log is above"
+        # `flwr run --stream` can end (a lost connection) while a deployment's ServerApp goes on
+        going = ("" if federation is not None or run_id is None else
+                 f"; if it still runs on the SuperLink, `flwr log {run_id} {connection}` follows "
+                 f"it and `flwr stop {run_id} {connection}` stops it (FLWR_HOME={home})")
         raise RunFailed(f"run '{run_config['run-name']}' ended without writing {summary}: "
-                        f"{failure_reason(list(tail), run_dir)} ({where})")
+                        f"{failure_reason(list(tail), run_dir)} ({where}){going}")
     return json.loads(summary.read_text())
 
 

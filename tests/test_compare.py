@@ -1313,3 +1313,15 @@ def test_a_seeds_final_from_an_earlier_round_is_marked_in_the_table_over_seeds()
     assert "40.00 (round 1) (s0), 90.00 (s1), 90.00 (s2)" in table
     back = json.loads(json.dumps(st))  # as results.json holds it: the seeds are str keys
     assert "40.00 (round 1) (s0)" in cmp.seeds_table({"ditto": back}, {}, 3, [0, 1, 2])
+
+
+def test_a_deployment_run_whose_stream_ends_early_says_how_to_follow_or_stop_it(tmp_path, monkeypatch):
+    """From a review: `flwr run --stream` ending on a lost connection left the ServerApp going
+    on the deployment's SuperLink, and the error named neither its run id nor `flwr stop`."""
+    fake = tmp_path / "flwr"
+    fake.write_text("#!/bin/sh\necho 'Successfully started run 4242'\necho 'connection lost'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(cmp.engine, "_bin", lambda name: str(fake))
+    rc = {"output-dir": str(tmp_path), "run-name": "gone"}
+    with pytest.raises(cmp.engine.RunFailed, match="`flwr stop 4242 dep` stops it"):
+        cmp.engine.flwr_run(tmp_path, "dep", rc, None, quiet=True)
