@@ -22,6 +22,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import math
 import os
 import shlex
 import signal
@@ -221,13 +222,26 @@ def flwr_cli(dep: Deployment, *args: str, timeout: float = 60.0) -> subprocess.C
                           f"SuperLink at {dep.address} overloaded or unreachable?)") from None
 
 
-def online_nodes(dep: Deployment) -> int | None:
-    """How many SuperNodes the SuperLink sees online (``flwr supernode list``), None if unknown."""
+def online_nodes(dep: Deployment, since: float | None = None) -> int | None:
+    """How many SuperNodes the SuperLink sees online (``flwr supernode list``), None if unknown;
+    with ``since`` (a time.time()), only those that came online from then on (the SuperLink's
+    state.db outlives a deployment, and lists an earlier one's nodes online for about a minute)."""
     res = flwr_cli(dep, "supernode", "list", CONNECTION, "--format", "json")
     with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError):
         nodes = json.loads(res.stdout)["nodes"]
-        return sum(1 for n in nodes if str(n.get("status", "")).lower() == "online")
+        return sum(1 for n in nodes if str(n.get("status", "")).lower() == "online"
+                   and (since is None or _came_online(n.get("online-at"), since)))
     return None
+
+
+def _came_online(online_at: Any, since: float) -> bool:
+    """Whether flwr's ``online-at`` ("2026-12-07 13:33:01Z", whole seconds, UTC) is not before
+    ``since``; a value it cannot read counts."""
+    try:
+        at = dt.datetime.fromisoformat(str(online_at).replace("Z", "+00:00"))
+    except ValueError:
+        return True
+    return at.replace(tzinfo=at.tzinfo or dt.UTC).timestamp() >= math.floor(since) - 1
 
 
 def register_node(dep: Deployment, i: int) -> None:
@@ -348,6 +362,7 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
             wait_superlink(proc, sl_host, port, sl_log)
         except (RuntimeError, TimeoutError) as e:
             raise DeployError(str(e)) from e
+        since = time.time()  # (nodes an earlier deployment left listed online are not ours)
         for i in range(num_nodes):
             if dep.auth:
                 if not dep.node_key(i).exists():
@@ -358,14 +373,15 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
                       dep.log_file(f"supernode-{i}"), wrap(f"supernode-{i}"), gpu_env(i))
             dep.started(f"supernode-{i}", p.pid)
         if wait_nodes:
-            wait_online(dep, num_nodes)
+            wait_online(dep, num_nodes, since=since)
     except BaseException:
         down(dep)
         raise
     return dep
 
 
-def wait_online(dep: Deployment, n: int, timeout: float = 90.0) -> None:
+def wait_online(dep: Deployment, n: int, timeout: float = 90.0, since: float | None = None) -> None:
+    """Until ``n`` SuperNodes are online (that came online from ``since`` on, where given)."""
     t0 = time.time()
     seen = None
     while time.time() - t0 < timeout:
@@ -373,7 +389,7 @@ def wait_online(dep: Deployment, n: int, timeout: float = 90.0) -> None:
             if not dep.alive(name):
                 tail = dep.log_file(name).read_text(errors="replace")[-1500:]
                 raise DeployError(f"{name} (pid {pid}) exited; its log ends with:\n{tail}")
-        seen = online_nodes(dep)
+        seen = online_nodes(dep, since)
         if seen is not None and seen >= n:
             return
         time.sleep(1.0)

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from cryptography import x509
@@ -923,10 +924,25 @@ def test_an_ipv6_address_is_bracketed_and_named_as_an_ip_in_the_certificate(tmp_
     assert deploy.with_port("::1", 8000) == "[::1]:8000" == deploy.with_port("[::1]", 8000)
     assert deploy.with_port("10.0.0.5", 80) == "10.0.0.5:80"
     assert deploy.with_port("node.example", 80) == "node.example:80"
-    from pathlib import Path
-
     cert = Path(certs.make_certs(tmp_path, ["localhost", "[2001:db8::5]"])["cert"])
     san = x509.load_pem_x509_certificate(cert.read_bytes()).extensions.get_extension_for_class(
         x509.SubjectAlternativeName).value
     assert ipaddress.ip_address("2001:db8::5") in san.get_values_for_type(x509.IPAddress)
     assert not certs.unnamed(cert, ["[2001:db8::5]", "2001:db8::5"])
+
+
+def test_up_counts_only_the_supernodes_that_came_online_after_it_started(monkeypatch):
+    """From a review: the SuperLink's state.db lists an earlier deployment's nodes online for
+    about a minute, so a quick down-then-up could report its new SuperNodes online too soon."""
+    import datetime as dt
+    from types import SimpleNamespace
+
+    def at(t):
+        return dt.datetime.fromtimestamp(t, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+    now = time.time()
+    nodes = [{"status": "online", "online-at": at(now - 60)}, {"status": "online", "online-at": at(now + 2)},
+             {"status": "offline", "online-at": at(now + 2)}, {"status": "online", "online-at": "N/A"}]
+    monkeypatch.setattr(deploy, "flwr_cli", lambda *a: SimpleNamespace(stdout=json.dumps({"nodes": nodes})))
+    dep = deploy.Deployment(home=Path("."), address="127.0.0.1:1")
+    assert deploy.online_nodes(dep) == 3 and deploy.online_nodes(dep, since=now) == 2
