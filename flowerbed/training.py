@@ -245,7 +245,10 @@ def linear_probe(train_f: torch.Tensor, train_y: torch.Tensor, test_f: torch.Ten
     Features are standardised with the training set's statistics; Adam with weight decay 1e-6
     (FedX's probe), on shuffled mini-batches from a seeded generator.
     """
-    mean, std = train_f.mean(0, keepdim=True), train_f.std(0, keepdim=True) + 1e-6
+    mean, std = train_f.mean(0, keepdim=True), train_f.std(0, keepdim=True)
+    # a feature constant on the training set (a ReLU unit dead there) is left unscaled: divided
+    # by 1e-6, a test image that fires it got a value of a million, which a short probe misread
+    std = torch.where(std > 0, std + 1e-6, torch.ones_like(std))
     xtr, xte = (train_f - mean) / std, (test_f - mean) / std
     gen = torch.Generator().manual_seed(seed)
     clf = nn.Linear(xtr.shape[1], num_classes)

@@ -578,3 +578,18 @@ def test_moon_unsup_loss_by_hand_and_nt_xent_alone_before_a_previous_model():
     loss.backward()
     assert model.backbone.conv1.weight.grad.abs().sum() > 0
     assert all(p.grad is None for m in (client.global_model, client.previous) for p in m.parameters())
+
+
+def test_the_probe_leaves_a_feature_dead_on_the_training_set_unscaled():
+    """From a review: standardised by std + 1e-6, a unit that is 0 on every training image but
+    fires on a test image gave it a value of about a million, and a short probe misread it."""
+    from flowerbed.training import linear_probe
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(200) % 2
+    informative = (y.float() * 2 - 1).unsqueeze(1) + 0.1 * torch.randn(200, 1, generator=g)
+    train_f = torch.cat([informative, torch.zeros(200, 1)], 1)  # column 1: dead on training data
+    test_f = train_f.clone()
+    test_f[:20, 1] = 3.0  # fires on a few test images
+    _, acc = linear_probe(train_f, y, test_f, y, 2, epochs=20, lr=0.1, batch_size=50, seed=0)
+    assert acc == 1.0
