@@ -880,6 +880,7 @@ def test_each_start_of_a_deployment_process_is_headed_in_its_log(tmp_path):
     assert lines[1] == "output" and "-c" in lines[0]
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # pathspec's, inside flwr's FAB build
 def test_the_app_flwr_run_ships_is_the_package_only(tmp_path):
     """From a review: flwr builds the FAB from every .py/.toml/.json/.md in the project, so a
     deploy --home inside it (its apps/ holds each run's installed FAB) was shipped again by the

@@ -242,7 +242,18 @@ def test_d_g_is_kept_in_one_file_not_in_the_context(tmp_path):
     assert (tmp_path / "run-a" / "partition-0" / "round-4.pt").stat().st_size < 10_000
     assert main_round(5).content["metrics"]["has-pool"] == 1  # from the file
     kept.unlink()
-    assert main_round(6).content["metrics"]["has-pool"] == 0
+    lost = main_round(6).content  # without D_g it does not train (from a review: it did, without
+    # the shared term, and that update was averaged); the server refuses the reply (below)
+    assert lost["metrics"]["has-pool"] == 0 and "train-loss" not in lost["metrics"]
+    assert np.array_equal(lost["arrays"]["conv1.weight"].numpy(), model["conv1.weight"].numpy())
+    from flowerbed.strategies.fedxds import FedXDSStrategy
+
+    s = FedXDSStrategy(cfg)
+    s.pool = pool
+    reason = s.check_reply(reply(sent(3), RecordDict({"arrays": model, "metrics": lost["metrics"]})), True)
+    assert "holds no D_g" in reason
+    assert s.check_reply(reply(sent(3), main_round(4, shared=pool).content), True) is None
+    kept.unlink()
     # a damaged file (a crash mid-write, a full disk) counts as missing, and goes: the resent
     # D_g is written afresh (it used to be kept, so the client failed every round after)
     assert main_round(7, shared=pool).content["metrics"]["has-pool"] == 1

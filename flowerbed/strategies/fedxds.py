@@ -126,6 +126,17 @@ class FedXDSStrategy(FlowerbedFedAvg):
             content = RecordDict({k: v for k, v in content.items() if k != SHARED})
         return super().check_arrays(content)
 
+    def check_reply(self, reply: Message, is_train: bool) -> str | None:
+        """A main-phase update made without D_g (the client's copy is gone: a lost state
+        folder) lacks the shared term: left out, and D_g goes to that client again."""
+        problem = super().check_reply(reply, is_train)
+        if (problem or not is_train or self.pool is None or self._share_round
+                or self.cfg.fedxds_lambda <= 0):
+            return problem
+        if metric_record(reply.content).get("has-pool") == 0:
+            return "it holds no D_g (its copy is gone), so it did not train; D_g is sent to it again"
+        return None
+
     def _released(self, replies: list[Message]) -> list[ArrayRecord]:
         """The valid uploads among ``replies``, in partition order, whatever else each reply holds."""
         destinations = self._destinations()
