@@ -174,16 +174,6 @@ def _restore_releases(context: Context, d: Path, server_round: int) -> None:
                 return
 
 
-def first_repeated_round(msg: Message, server_round: int) -> int:
-    """The first round a resumed run repeats, as far as this client can tell: the round after
-    the server's checkpoint (``resumed-after`` in the message's config), or this message's round
-    where the message does not say (a client first asked in a later round must still not take
-    state filed in the rounds the run rolled back)."""
-    cfg = msg.content.config_records.get("config")
-    after = cfg.get("resumed-after") if cfg is not None else None
-    return min(server_round, int(after) + 1) if isinstance(after, int) else server_round
-
-
 def run_key_of(msg: Message) -> str:
     cfg = msg.content.config_records.get("config")
     return str(cfg.get("run-key", "")) if cfg is not None else ""

@@ -763,38 +763,6 @@ def test_a_state_the_client_dropped_is_not_restored_by_a_resume(tmp_path):
     assert "c" not in resumed.state.config_records
 
 
-def test_a_client_first_asked_after_the_repeated_round_restores_the_checkpoints_state(tmp_path):
-    """From a review: restore took the newest file from before the client's first message, so
-    a client not sampled in the round after the checkpoint restored that rolled-back round's
-    state. The server now says which round its checkpoint holds."""
-    from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
-
-    from flowerbed import client_state
-    from flowerbed.strategies.fedavg import FedAvgStrategy
-    from tests.conftest import FakeGrid, sent, train_messages
-
-    cfg = Config.from_run_config({"client-state-dir": str(tmp_path)})
-
-    def ctx(state=None):
-        return Context(run_id=1, node_id=1, node_config={}, state=state or RecordDict(), run_config={})
-
-    for rnd in (1, 2):  # the checkpoint holds round 1; the crashed attempt trained round 2
-        client_state.save(cfg, ctx(RecordDict({"c": ConfigRecord({"round": rnd})})), "run-r", 0, rnd)
-    msg = sent(1, RecordDict({"config": ConfigRecord({"server-round": 3, "resumed-after": 1})}))
-    first = client_state.first_repeated_round(msg, 3)
-    resumed = ctx()
-    assert first == 2 and client_state.restore(cfg.replace(resume="x"), resumed, "run-r", 0, first) == 1
-    assert resumed.state["c"]["round"] == 1
-    assert (tmp_path / "run-r" / "partition-0" / "abandoned-round-2.pt").exists()
-    # the server's messages carry it (0 in a fresh run, so that both send as many bytes)
-    s = FedAvgStrategy(Config.from_run_config({"min-clients": 1}))
-    s.node_of, s.partition_of = {0: 5}, {5: 0}
-    configs = [train_messages(s, 3, ArrayRecord(), FakeGrid([5]))[0].content["config"]]
-    s.resumed_after = 2
-    configs.append(train_messages(s, 3, ArrayRecord(), FakeGrid([5]))[0].content["config"])
-    assert configs[0]["resumed-after"] == 0 and configs[1]["resumed-after"] == 2
-
-
 def test_state_filed_in_the_rounds_a_resume_repeats_is_never_restored_later(tmp_path):
     """From a review: a resume took the newest state from before its round but left the
     abandoned attempt's later files in place, so a second resume (the partition not sampled in

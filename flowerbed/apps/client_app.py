@@ -33,8 +33,8 @@ def client_for(context: Context) -> Client:
 def _restored(client: Client, msg: Message) -> str:
     """In a resumed run, the client's filed state goes back into context.state first."""
     key = client_state.run_key_of(msg)
-    client_state.restore(client.cfg, client.context, key, client.partition_id,
-                         client_state.first_repeated_round(msg, client.round_of(msg)), client.keeps_state)
+    client_state.restore(client.cfg, client.context, key, client.partition_id, client.round_of(msg),
+                         client.keeps_state)
     return key
 
 

@@ -392,7 +392,6 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
             # num_batches_tracked as float64, and every (int64) reply to it would be refused
             arrays = cast_like(ckpt["arrays"], arrays)
             checkpoint.set_rng_state(ckpt["rng"])
-            strategy.resumed_after = int(ckpt["round"])
             log.info("resuming %s after round %d of %d", run_dir.path, ckpt["round"], cfg.num_server_rounds)
         result = strategy.start(grid=grid, initial_arrays=arrays,
                                 num_rounds=cfg.num_server_rounds, timeout=cfg.round_timeout,

@@ -186,10 +186,6 @@ class FlowerbedFedAvg(FedAvg):
         self._sent: list[Message] = []
         self._reference: ArrayRecord | None = None
         self.run_key = ""  # the run directory's name: where clients file their per-round state
-        # the round the server's state comes from: a resumed run's checkpoint (clients restore
-        # state filed up to it), 0 for a fresh run (sent either way: a resumed run's messages
-        # are then as large as an uninterrupted one's, byte for byte)
-        self.resumed_after = 0
 
     # ------------------------------------------------------------------ nodes and sampling
     def discover(self, grid: Grid, wait_all: float = 0.0, timeout: float = 120.0) -> int:
@@ -340,7 +336,6 @@ class FlowerbedFedAvg(FedAvg):
         config["server-round"] = server_round
         if self.run_key:  # (Flower cannot count the bytes of an empty string)
             config["run-key"] = self.run_key
-        config["resumed-after"] = self.resumed_after
         node_ids = self.sample(grid, server_round, self.fraction_train, stream=0)
         self.round.sampled = [self.partition_of[n] for n in node_ids]
         self._reference = arrays
@@ -508,7 +503,6 @@ class FlowerbedFedAvg(FedAvg):
         config["server-round"] = server_round
         if self.run_key:  # (Flower cannot count the bytes of an empty string)
             config["run-key"] = self.run_key
-        config["resumed-after"] = self.resumed_after
         node_ids = self.sample(grid, server_round, self.fraction_evaluate, stream=1)
         if self.evaluates_locally():
             empty = {n for n in node_ids if self.num_test.get(self.partition_of[n], 1) == 0}
