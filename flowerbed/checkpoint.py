@@ -264,22 +264,14 @@ def finished_reason(run_dir: Path, asked: int, reached: int | None = None) -> st
 
 #: a key added later -> the key whose value it took before (its value in older checkpoints)
 INHERITED = {"fedx-tau-local": "fedx-tau-target"}
-#: a key added later whose default behaves otherwise than runs before it did -> what they did
-#: (ssl-augment, 2026-12-07: 'auto' batches the views on a GPU; earlier runs drew them per sample)
-ADDED_WITH = {"ssl-augment": "per-sample"}
 
 
 def with_added_keys(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
     """``saved`` (an older run's config) with the keys added since (num-partitions,
-    fedxds-noise, ...) at their value in ``current``, at that of the key that used to serve for
-    them (:data:`INHERITED`), or at what runs did before the key (:data:`ADDED_WITH`)."""
-    from flowerbed.config import reads
-
-    def before(k: str, v: Any) -> Any:
-        if INHERITED.get(k) in saved:
-            return saved[INHERITED[k]]
-        return ADDED_WITH[k] if k in ADDED_WITH and reads(saved.get("method"), k) else v
-    return {**{k: before(k, v) for k, v in current.items() if k not in saved}, **saved}
+    fedxds-noise, ssl-augment, ...) at their value in ``current``, or at that of the key that
+    used to serve for them (:data:`INHERITED`)."""
+    return {**{k: saved[INHERITED[k]] if INHERITED.get(k) in saved else v
+               for k, v in current.items() if k not in saved}, **saved}
 
 
 def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:

@@ -21,15 +21,17 @@ log = logging.getLogger("flowerbed")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The preset file's keys (if any), then the -c/--run-config overrides on top; a relative
-    data-root or client-state-dir made absolute (relative to where the launcher runs)."""
+    """The preset files' keys (if any), then the -c/--run-config overrides on top; a relative
+    data-root made absolute (relative to where the launcher runs)."""
     out: dict[str, Any] = {}
     for preset in args.preset or []:  # several: layered in order, a later one's keys win
         out.update(load_preset(preset))
     out.update(parse_overrides(list(args.run_config or []), "--run-config/-c"))
-    for key in ("data-root", "client-state-dir"):  # the engines' processes run in the project
-        if isinstance(out.get(key), str) and out[key]:  # folder: a relative path means here
-            out[key] = str(Path(out[key]).expanduser().resolve())
+    # the engines' processes run in the project folder: a relative data-root means here, where
+    # the launcher checks the split (a SuperNode elsewhere sets its own with --node-config;
+    # client-state-dir stays as given: a relative one is each SuperNode's own folder)
+    if isinstance(out.get("data-root"), str) and out["data-root"]:
+        out["data-root"] = str(Path(out["data-root"]).expanduser().resolve())
     return out
 
 
@@ -151,7 +153,7 @@ def resume_overrides(run_dir: str) -> tuple[dict[str, Any], int]:
                           f"({type(e).__name__}: {e})") from None
     from flowerbed.checkpoint import with_added_keys
 
-    keys = set(defaults())  # keys added since the run: as it ran without them (INHERITED & co.)
+    keys = set(defaults())  # keys added since the run: as it ran without them (INHERITED)
     rc = with_added_keys({k: v for k, v in saved.items() if k in keys}, defaults())
     rc.update({"resume": str(path), "output-dir": str(path.parent), "run-name": path.name})
     return rc, n

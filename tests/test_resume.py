@@ -897,10 +897,9 @@ def test_the_launchers_check_of_an_older_run_knows_which_key_a_new_one_took_over
 
 
 def test_the_launcher_resumes_an_older_run_as_it_ran(tmp_path):
-    """A run from before fedx-tau-local and ssl-augment: `flowerbed run --resume` takes the value
-    of the key that served for the first (the ServerApp refused the default) and the views the
-    run drew (per sample, where 'auto' batches them on a GPU); a method that does not read a
-    key keeps its default."""
+    """A run from before fedx-tau-local: `flowerbed run --resume` takes the value of the key that
+    served for it (the ServerApp refused the default); a key added since without such a
+    predecessor (ssl-augment) takes its default, as the ServerApp fills it."""
     from flowerbed import cli
 
     for method, extra in (("fedx", {"fedx-tau-target": 0.2}), ("fedavg", {})):
@@ -911,9 +910,8 @@ def test_the_launcher_resumes_an_older_run_as_it_ran(tmp_path):
         (run / "config.json").write_text(json.dumps({**old, "num-partitions": 3}))
         rc, n = cli.resume_overrides(str(run))
         assert n == 3 and rc["resume"] == str(run.resolve())
+        assert rc["ssl-augment"] == defaults()["ssl-augment"]
         if method == "fedx":
-            assert (rc["fedx-tau-local"], rc["ssl-augment"]) == (0.2, "per-sample")
-        else:
-            assert rc["ssl-augment"] == defaults()["ssl-augment"]
+            assert rc["fedx-tau-local"] == 0.2
         saved = checkpoint.with_added_keys(old, Config.from_run_config(rc).to_run_config())
         assert not checkpoint.config_changes(saved, Config.from_run_config(rc).to_run_config())
