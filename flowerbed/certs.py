@@ -30,14 +30,19 @@ def _name(cn: str) -> x509.Name:
                       x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
+def ip_of(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The IP address ``host`` spells, an IPv6 literal bracketed or not (``[::1]``, ``::1``);
+    None for a host name."""
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+
+
 def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
-    names: list[x509.GeneralName] = []
-    for h in hosts:
-        try:  # an IPv6 literal as written in an address ([2001:db8::5]) is an IP entry too
-            names.append(x509.IPAddress(ipaddress.ip_address(h.strip("[]"))))
-        except ValueError:
-            names.append(x509.DNSName(h))
-    return x509.SubjectAlternativeName(names)
+    # an IPv6 literal as written in an address ([2001:db8::5]) is an IP entry too
+    return x509.SubjectAlternativeName([x509.DNSName(h) if (ip := ip_of(h)) is None
+                                        else x509.IPAddress(ip) for h in hosts])
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -118,10 +123,7 @@ def unnamed(cert_path: Path, hosts: list[str]) -> list[str]:
     """The ``hosts`` a server certificate is not valid for (SuperNodes connecting by those
     names would fail the TLS check); addresses compared as addresses, names case-blind."""
     def canon(h: str) -> str:
-        try:
-            return ipaddress.ip_address(h.strip("[]")).compressed
-        except ValueError:
-            return h.lower()
+        return h.lower() if (ip := ip_of(h)) is None else ip.compressed
 
     try:
         named = {canon(h) for h in san_hosts(cert_path)}

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowerbed import certs
+from flowerbed import certs, engine
 from flowerbed.engine import (
     PROJECT,
     _alive,
@@ -180,8 +180,9 @@ def supernode_cmd(dep: Deployment, partition_id: int, num_partitions: int, port:
 
 
 def home_option(home: Path) -> str:
-    """`` --home <home>`` for a command the user is told to run, or nothing for the default."""
-    return "" if home == DEFAULT_HOME else f" --home {home}"
+    """`` --home <home>`` for a ``deploy`` command the user is told to run, or nothing for
+    the deployment's default home."""
+    return engine.home_option(home, DEFAULT_HOME)
 
 
 def spawn(cmd: list[str], log_path: Path, wrap: list[str] | None = None,
@@ -263,15 +264,13 @@ WILDCARD = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 def check_address(address: str, resolve: bool = True) -> None:
     """``--address``: a host name or IP address without a port (that this machine resolves)."""
-    import ipaddress
     import socket
 
     from flowerbed.config import ConfigError
 
-    host = address.strip("[]")
-    with contextlib.suppress(ValueError):
-        ipaddress.ip_address(host)
+    if certs.ip_of(address) is not None:
         return
+    host = address.strip("[]")
     if ":" in host:
         raise ConfigError("--address", address, "a host name or IP address, without the port "
                           "(give the port with --port)")
@@ -285,28 +284,18 @@ def check_address(address: str, resolve: bool = True) -> None:
 def with_port(host: str, port: int) -> str:
     """``host:port``, an IPv6 literal in brackets (``::1`` -> ``[::1]:8000``; bare, flwr's
     https://::1:8000 is no URL)."""
-    import ipaddress
-
-    bare = host.strip("[]")
-    with contextlib.suppress(ValueError):
-        if ipaddress.ip_address(bare).version == 6:
-            return f"[{bare}]:{port}"
-    return f"{host}:{port}"
+    ip = certs.ip_of(host)
+    return f"[{ip}]:{port}" if ip is not None and ip.version == 6 else f"{host}:{port}"
 
 
 def bind_for(address: str) -> str:
     """The interface a SuperLink reached at ``address`` listens on: the loopback where the
     address is the loopback (nothing else can reach it), else all interfaces (a SuperLink bound
     to 127.0.0.1 never answers at 10.0.0.5, and ``up`` waited a minute to say so)."""
-    import ipaddress
-
-    host = address.strip("[]")
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:  # a name: all IPv4 interfaces (localhost: the loopback)
-        return "127.0.0.1" if host == "localhost" else "0.0.0.0"
+    if (ip := certs.ip_of(address)) is None:  # a name: all IPv4 interfaces (localhost: the loopback)
+        return "127.0.0.1" if address == "localhost" else "0.0.0.0"
     if ip.is_loopback:
-        return host  # 127.0.1.1 listens there, not on 127.0.0.1
+        return str(ip)  # 127.0.1.1 listens there, not on 127.0.0.1
     return "::" if ip.version == 6 else "0.0.0.0"
 
 

@@ -183,6 +183,12 @@ def shared_home() -> Path:
     return (PROJECT / ".flwr-home").resolve()
 
 
+def home_option(home: Path, default: Path | None = None) -> str:
+    """`` --home <home>`` for a command the user is told to run, or nothing where ``home`` is
+    the command's default (``default``; the shared home unless given)."""
+    return "" if home == (default or shared_home()) else f" --home {home}"
+
+
 def superlink_up(home: Path | None = None, port: int = 39191) -> int:
     """Start a detached simulation SuperLink for plain `flwr run .`; returns its pid."""
     from flowerbed.results import held
@@ -194,9 +200,8 @@ def superlink_up(home: Path | None = None, port: int = 39191) -> int:
     with held(home / "superlink.lock", EngineError(f"another `flowerbed superlink up` is starting "
                                                    f"a SuperLink from {home} now")):
         if (pid := _read_pid(pid_file)) is not None and _alive(*pid):
-            where = "" if home == shared_home() else f" --home {home}"
             raise EngineError(f"a SuperLink is already running (pid {pid[0]}); stop it with "
-                              f"`flowerbed superlink down{where}`")
+                              f"`flowerbed superlink down{home_option(home)}`")
         if port_open("127.0.0.1", port):
             raise EngineError(f"port {port} is in use (another SuperLink?); pick another with --port")
         with open(home / "superlink.log", "ab") as out:
