@@ -502,13 +502,14 @@ def write_seed_tables(out: Path, summary: dict[str, dict[str, Any]], per_seed: d
 
 def seed_stats(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """One method's runs over seeds -> per-seed values, mean and sample std of its accuracies
-    (failed seeds are listed and left out of the mean)."""
+    (failed seeds are listed and left out of the mean). Per-seed fields are keyed by the seed
+    as text, as they read back from results.json."""
     ok = {s: r for s, r in by_seed.items() if "error" not in r}
     stats: dict[str, Any] = {"seeds-ok": sorted(ok), "seeds-failed": sorted(set(by_seed) - set(ok)),
-                             "seed-errors": {s: r["error"] for s, r in by_seed.items() if s not in ok}}
+                             "seed-errors": {str(s): r["error"] for s, r in by_seed.items() if s not in ok}}
     for key in ("final-accuracy", "best-accuracy", "initial-accuracy", CLIENT_ACC,
                 "mean-accuracy", "mean-pre-accuracy"):
-        vals = {s: r.get(key) for s, r in ok.items()}
+        vals = {str(s): r.get(key) for s, r in ok.items()}
         finite = [v for v in vals.values() if v is not None]
         stats[key] = vals
         stats[f"{key}-mean"] = statistics.fmean(finite) if finite else None
@@ -516,7 +517,7 @@ def seed_stats(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
         stats[f"{key}-n"] = len(finite)  # < seeds-ok: a seed that ran but has no figure (diverged)
     for key in ("rounds", "rounds-aggregated", "client-failures-total", "final-round",
                 "final-client-round"):  # per seed, as they are
-        stats[key] = {s: r.get(key) for s, r in ok.items()}
+        stats[key] = {str(s): r.get(key) for s, r in ok.items()}
     return stats
 
 
@@ -542,9 +543,8 @@ def mean_curve(runs: list[list[dict[str, Any]]], keys: tuple[str, ...] = ("accur
 
 def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n: int,
                 seeds: list[int]) -> str:
-    def at(st: dict[str, Any], key: str, s: Any) -> dict[str, Any]:  # one seed's round fields
-        return {k: {str(t): v for t, v in st.get(k, {}).items()}.get(str(s))  # (str keys once read back)
-                for k in ("rounds", key)}
+    def at(st: dict[str, Any], key: str, s: int) -> dict[str, Any]:  # one seed's round fields
+        return {k: st.get(k, {}).get(str(s)) for k in ("rounds", key)}
 
     def mean_sd(st: dict[str, Any], key: str) -> str:
         sd, n, ran = st.get(f"{key}-std"), st.get(f"{key}-n"), len(st["seeds-ok"])
@@ -555,7 +555,7 @@ def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n
         return pct(st.get(f"{key}-mean")) + ("" if sd is None else f" ± {100 * sd:.2f}") + short
 
     def per_seed(st: dict[str, Any]) -> str:  # each value named by its seed
-        by_seed = {str(s): v for s, v in st["final-accuracy"].items()}  # str keys once read back
+        by_seed = st["final-accuracy"]
         return ", ".join(f"{pct(by_seed.get(str(s)))}{early(at(st, 'final-round', s), 'final-round')} (s{s})"
                          for s in st["seeds-ok"]) or "-"
 

@@ -81,7 +81,8 @@ class FedXDSClient(Client):
             self.keep_pool(msg.content[SHARED], run_key)
         model = self.model_from(msg.content["arrays"])
         pool = self.pool(run_key)
-        if phase == "main" and pool is None and cfg.fedxds_lambda > 0:
+        needs_pool = phase == "main" and cfg.fedxds_lambda > 0
+        if needs_pool and pool is None:
             # its D_g is gone (a lost state folder): an update without the shared term is not
             # FedXDS's; the server leaves this reply out and sends D_g again
             log.warning("partition %d: holds no D_g in a main round; not training until the "
@@ -89,7 +90,7 @@ class FedXDSClient(Client):
             return self.reply(msg, {"num-examples": len(self.train_data), "has-pool": 0},
                               arrays=to_record(model))
         hooks = {}
-        if phase == "main" and pool is not None and cfg.fedxds_lambda > 0:
+        if needs_pool:
             hooks["loss_hook"] = self._shared_term(pool, seeded_generator(cfg.seed, self.partition_id,
                                                                          rnd, 7))
         loss, _ = self.fit(model, msg, rnd, **hooks)
