@@ -8,9 +8,17 @@ model, FedCC/FedDF/FedMD/FedCT's models, FedRep's head, Ditto's personal model, 
 layers and estimator buffers, Fed-POE's local and pre-trained models and Hedge weights) therefore
 file it after every training round, on the
 client's own machine, under ``<client-state-dir>/<run-key>/partition-<i>/round-<r>.pt`` (the last
-two rounds are kept; after the run, the last). In a resumed run, the first message a client gets
-from round r restores the newest file from before round r; methods without client state write
-nothing.
+two rounds are kept; after the run, the last). The first message a client process gets in a run
+(in a resumed run, or after its SuperNode restarted) restores the newest file from before its
+round that the run still stands on; methods without client state write nothing.
+
+Attempts. A resumed run repeats the rounds after its checkpoint, so state filed in them by the
+attempt that crashed is not the run's. Every message of a resumed run names its resume points
+(``resumed-after``: config.json's ``resumed-after-rounds``); the state a client files in the
+run's n-th resumed attempt is ``round-<r>.attempt-<n>.pt``, and round r belongs to the attempt
+that ran it last before the checkpoint it resumed from (:func:`attempt_of`). Files of another
+attempt are set aside as ``abandoned-...``: the partition may not be asked in the resumed rounds
+at all, so its first message can come after those rounds, or after a later resume.
 
 ``run-key`` (:func:`run_key`) is the run directory's name plus the run's id (kept in its
 config.json), sent by the server in every message's config: two runs of the same name in
@@ -58,6 +66,22 @@ def folder(cfg: Config, run_key: str, partition_id: int) -> Path:
     return root(cfg) / run_key / f"partition-{partition_id}"
 
 
+def attempt_of(server_round: int, resumed_after: list[int]) -> int:
+    """The attempt that ran ``server_round`` in the run's history: the first (0) ran rounds up
+    to its crash, the n-th resume (after round p_n) from p_n + 1 on; the points never decrease."""
+    return sum(p < server_round for p in resumed_after)
+
+
+def resumed_after_of(msg: Message) -> list[int]:
+    """The resume points a message names (none in a run never resumed)."""
+    cfg = msg.content.config_records.get("config")
+    return [int(p) for p in cfg.get("resumed-after", [])] if cfg is not None else []
+
+
+def _name(server_round: int, attempt: int) -> str:
+    return f"round-{server_round}.pt" if attempt == 0 else f"round-{server_round}.attempt-{attempt}.pt"
+
+
 def _records(context: Context) -> dict:
     st = context.state
     return {"arrays": {k: v for k, v in st.array_records.items()},
@@ -65,10 +89,12 @@ def _records(context: Context) -> dict:
             "metrics": {k: dict(v) for k, v in st.metric_records.items()}}
 
 
-def save(cfg: Config, context: Context, run_key: str, partition_id: int, server_round: int) -> None:
-    """File this client's state after training in ``server_round`` (nothing if it has none and
-    never filed any; an empty state after filed ones is filed too, so that a resume does not
-    bring back a state the client dropped, e.g. a diverged personal model)."""
+def save(cfg: Config, context: Context, run_key: str, partition_id: int, server_round: int,
+         attempt: int = 0) -> None:
+    """File this client's state after training in ``server_round`` of the run's ``attempt``
+    (nothing if it has none and never filed any; an empty state after filed ones is filed too,
+    so that a resume does not bring back a state the client dropped, e.g. a diverged personal
+    model)."""
     recs = _records(context)
     if not run_key:
         return
@@ -76,55 +102,62 @@ def save(cfg: Config, context: Context, run_key: str, partition_id: int, server_
     if not any(recs.values()) and not d.is_dir():
         return
     d.mkdir(parents=True, exist_ok=True)
-    write_synced(d / f"round-{server_round}.pt", encode(recs))  # on disk before the reply leaves
-    for old in sorted(_rounds(d))[:-KEEP]:
+    write_synced(d / _name(server_round, attempt), encode(recs))  # on disk before the reply leaves
+    for *_, old in sorted(_filed(d))[:-KEEP]:
         with contextlib.suppress(OSError):
-            (d / f"round-{old}.pt").unlink()
+            old.unlink()
 
 
-def _rounds(d: Path) -> list[int]:
-    return [int(m.group(1)) for p in d.glob("round-*.pt") if (m := re.fullmatch(r"round-(\d+)\.pt", p.name))]
+def _filed(d: Path, prefix: str = "") -> list[tuple[int, int, Path]]:
+    """(round, attempt, path) of each state file in ``d`` (``prefix``: set-aside ones)."""
+    pattern = re.escape(prefix) + r"round-(\d+)(?:\.attempt-(\d+))?\.pt"
+    return [(int(m.group(1)), int(m.group(2) or 0), p) for p in d.glob(f"{prefix}round-*.pt")
+            if (m := re.fullmatch(pattern, p.name))] if d.is_dir() else []
 
 
 def restore(cfg: Config, context: Context, run_key: str, partition_id: int, server_round: int,
-            keeps_state: bool = True) -> int | None:
-    """In a resumed run, put back the newest state filed before ``server_round``; returns its round.
+            keeps_state: bool = True, resumed_after: list[int] | None = None) -> int | None:
+    """Put back the newest state this run filed before ``server_round`` (its resume points
+    ``resumed_after`` say which attempt's files those are); returns its round.
 
-    Runs once per client and run (a marker in ``context.state`` remembers it was done). Records
-    named ``released.*`` (what the client has sent out for good) come back from any filed round,
-    also one the resumed run repeats.
+    Runs once per client process and run (a marker in ``context.state`` remembers it was done):
+    in a resumed run, and in a fresh one whose SuperNode restarted (its context is new, its files
+    are there). Records named ``released.*`` (what the client has sent out for good) come back
+    from any filed round, also one the resumed run repeats.
     """
-    if not cfg.resume or RESTORED in context.state.config_records or not run_key:
+    if RESTORED in context.state.config_records or not run_key:
         return None
     context.state[RESTORED] = ConfigRecord({"round": server_round})
     d = folder(cfg, run_key, partition_id)
-    if not d.is_dir():  # the run's folder was renamed since: its state is under the old name
+    if not d.is_dir() and cfg.resume:  # the run's folder was renamed since: its state is under the old name
         d = _filed_under_another_name(cfg, run_key, partition_id) or d
+    if not d.is_dir() and not cfg.resume:  # a fresh run's first message: nothing to look for
+        return None
+    resumed_after = list(resumed_after or [])
     _restore_releases(context, d, server_round)
-    _abandon(d, server_round, partition_id)
-    earlier = [r for r in _rounds(d) if r < server_round] if d.is_dir() else []
+    _abandon(d, server_round, partition_id, resumed_after)
+    earlier = sorted(((r, p) for r, _, p in _filed(d) if r < server_round), reverse=True)
     if not earlier:  # said only where the method's client keeps state (Client.keeps_state)
         log.log(logging.INFO if keeps_state else logging.DEBUG, "partition %d: no filed state from "
                 "before round %d in %s (none filed, or lost: it starts from the method's initial state)",
                 partition_id, server_round, d)
         return None
-    for r in sorted(earlier, reverse=True):  # a damaged file: the one before it (KEEP), loudly
+    for r, path in earlier:  # a damaged file: the one before it (KEEP), loudly
         try:
-            recs = decode(torch.load(d / f"round-{r}.pt", map_location="cpu", weights_only=True))
-            break
+            recs = decode(torch.load(path, map_location="cpu", weights_only=True))
         except Exception as e:  # noqa: BLE001
-            log.warning("partition %d: cannot read its state %s (%s)", partition_id, d / f"round-{r}.pt", e)
-    else:
-        log.warning("partition %d: no readable state in %s; it starts without it", partition_id, d)
-        return None
-    for k, v in recs["arrays"].items():
-        context.state[k] = v if isinstance(v, ArrayRecord) else ArrayRecord(v)
-    for k, v in recs["configs"].items():
-        context.state[k] = ConfigRecord(v)
-    for k, v in recs["metrics"].items():
-        context.state[k] = MetricRecord(v)
-    log.info("partition %d: restored its state from round %d (%s)", partition_id, r, d)
-    return r
+            log.warning("partition %d: cannot read its state %s (%s)", partition_id, path, e)
+            continue
+        for k, v in recs["arrays"].items():
+            context.state[k] = v if isinstance(v, ArrayRecord) else ArrayRecord(v)
+        for k, v in recs["configs"].items():
+            context.state[k] = ConfigRecord(v)
+        for k, v in recs["metrics"].items():
+            context.state[k] = MetricRecord(v)
+        log.info("partition %d: restored its state from round %d (%s)", partition_id, r, path)
+        return r
+    log.warning("partition %d: no readable state in %s; it starts without it", partition_id, d)
+    return None
 
 
 def _filed_under_another_name(cfg: Config, run_key: str, partition_id: int) -> Path | None:
@@ -141,29 +174,25 @@ def _filed_under_another_name(cfg: Config, run_key: str, partition_id: int) -> P
     return d
 
 
-def _abandon(d: Path, server_round: int, partition_id: int) -> None:
-    """Set aside the state filed in ``server_round`` or later: rounds of the attempt the resumed
-    run rolls back past. Left in place, a later resume (or a restore after a failed first
-    message) could take one of them for the newest state from before its round."""
-    for r in [r for r in _rounds(d) if r >= server_round] if d.is_dir() else []:
-        with contextlib.suppress(OSError):
-            (d / f"round-{r}.pt").replace(d / f"abandoned-round-{r}.pt")
-            log.info("partition %d: its state filed in round %d, which the resumed run repeats, "
-                     "set aside as %s", partition_id, r, d / f"abandoned-round-{r}.pt")
-
-
-def _abandoned(d: Path) -> list[int]:
-    return [int(m.group(1)) for p in d.glob("abandoned-round-*.pt")
-            if (m := re.fullmatch(r"abandoned-round-(\d+)\.pt", p.name))]
+def _abandon(d: Path, server_round: int, partition_id: int, resumed_after: list[int]) -> None:
+    """Set aside the state an attempt filed in a round the run has since rolled back past (a
+    later attempt ran it, :func:`attempt_of`), and any filed in ``server_round`` or later. Left
+    in place, a later restore could take one of them for the newest state from before its
+    round."""
+    for r, a, path in _filed(d):
+        if r >= server_round or a != attempt_of(r, resumed_after):
+            with contextlib.suppress(OSError):
+                path.replace(aside := d / f"abandoned-{path.name}")
+                log.info("partition %d: its state filed in round %d of an attempt the run rolled "
+                         "back past, set aside as %s", partition_id, r, aside)
 
 
 def _restore_releases(context: Context, d: Path, server_round: int) -> None:
     """``released.*`` records filed in ``server_round`` or later (the server died after the
     client's reply but before its checkpoint), or set aside by an earlier resume: a repeated
     round re-sends them, never a new draw."""
-    files = ([d / f"round-{r}.pt" for r in sorted((r for r in _rounds(d) if r >= server_round), reverse=True)]
-             + [d / f"abandoned-round-{r}.pt" for r in sorted(_abandoned(d), reverse=True)]
-             if d.is_dir() else [])
+    files = ([p for r, _, p in sorted(_filed(d), reverse=True) if r >= server_round]
+             + [p for *_, p in sorted(_filed(d, "abandoned-"), reverse=True)])
     for f in files:
         with contextlib.suppress(Exception):  # a damaged file: the next older one, or none
             arrays = decode(torch.load(f, map_location="cpu", weights_only=True))["arrays"]
@@ -186,9 +215,7 @@ def prune(cfg: Config, run_key: str) -> None:
     if base is None or not base.is_dir():
         return
     for d in base.glob("partition-*"):
-        for old in sorted(_rounds(d))[:-1]:
+        # (the newest state carries any released.* records of the set-aside ones too)
+        for *_, old in sorted(_filed(d))[:-1] + _filed(d, "abandoned-"):
             with contextlib.suppress(OSError):
-                (d / f"round-{old}.pt").unlink()
-        for old in _abandoned(d):  # (the newest state carries any released.* records too)
-            with contextlib.suppress(OSError):
-                (d / f"abandoned-round-{old}.pt").unlink()
+                old.unlink()

@@ -759,3 +759,7 @@ def test_a_client_scored_with_a_diverged_model_counts_as_zero_not_as_missing():
     n = diverged["num-examples"]
     assert not s.round.failed and metrics["accuracy"] == pytest.approx(17 / (20 + n))
     assert metrics["loss"] == pytest.approx(0.5)  # over the clients that have one
+    assert metrics["diverged"] == 1  # how many clients (it read 1.0, the mean of the flags sent)
+    two = s.aggregate_evaluate(1, [reply(m, RecordDict({"metrics": r}))
+                                   for m, r in zip(s._sent, [ok[0], diverged, diverged], strict=True)])
+    assert two["diverged"] == 2

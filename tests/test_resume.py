@@ -129,7 +129,7 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path, method, monkeypatch, 
     assert key.startswith("halt-") and run_id != json.loads(
         (tmp_path / "full" / "config.json").read_text())["run-id"]
     for d in (tmp_path / "client-state" / key).glob("partition-*"):  # the newest state only
-        assert [f.name for f in d.iterdir()] == ["round-2.pt"]
+        assert [f.name for f in d.iterdir()] == ["round-2.attempt-1.pt"]  # filed by the resumed attempt
     if method in ("scaffold", "feddyn", "local", "ditto", "apfl", "fedsoft", "moon-unsup", "fedbyol",
                   "fedu", "fedmoco", "fedprotocl"):  # filed
         assert list((tmp_path / "client-state" / key).glob("partition-*"))
@@ -793,6 +793,59 @@ def test_state_filed_in_the_rounds_a_resume_repeats_is_never_restored_later(tmp_
     assert (tmp_path / "run-a" / "partition-0" / "abandoned-round-6.pt").is_file()
     client_state.prune(cfg, "run-a")  # a finished run keeps its newest state only
     assert not list((tmp_path / "run-a" / "partition-0").glob("abandoned-*"))
+
+
+def test_a_client_restores_only_state_of_the_rounds_the_run_stands_on(tmp_path):
+    """From a review: a client first asked after the repeated round of a resumed run (it was not
+    sampled in that round) restored the crashed attempt's state from it. Messages of a resumed
+    run name its resume points, files name their attempt, and a round's state counts only from
+    the attempt that ran it last; a SuperNode restarted within an attempt keeps its state (the
+    first fix, reverted, rolled it back to the checkpoint), also in a run never resumed."""
+    from flwr.app import ConfigRecord, Context, RecordDict
+
+    from flowerbed import client_state
+
+    cfg = Config.from_run_config({"client-state-dir": str(tmp_path)})
+    d = tmp_path / "run-a" / "partition-0"
+
+    def ctx(state=None):
+        return Context(run_id=1, node_id=1, node_config={}, state=state or RecordDict(), run_config={})
+
+    def file(rnd, attempt):
+        client_state.save(cfg, ctx(RecordDict({"c": ConfigRecord({"round": rnd, "attempt": attempt})})),
+                          "run-a", 0, rnd, attempt)
+
+    def restore(rnd, points):
+        c = ctx()
+        got = client_state.restore(cfg.replace(resume="x" if points else ""), c, "run-a", 0, rnd,
+                                   resumed_after=points)
+        return got, dict(c.state["c"]) if "c" in c.state.config_records else None
+
+    assert [client_state.attempt_of(r, [5, 5, 7]) for r in (5, 6, 7, 8)] == [0, 2, 2, 3]
+    file(4, 0), file(5, 0)
+    assert restore(6, []) == (5, {"round": 5, "attempt": 0})  # a fresh run's SuperNode restarted
+    file(6, 0)  # the server died in round 6 (checkpoint 5) after this client filed it
+    # resumed after 5, this partition first asked in round 7: not the crashed attempt's round 6
+    assert restore(7, [5]) == (5, {"round": 5, "attempt": 0})
+    assert (d / "abandoned-round-6.pt").is_file()
+    file(7, 1), file(8, 1)
+    assert restore(9, [5]) == (8, {"round": 8, "attempt": 1})  # restarted within the attempt
+    file(9, 1)  # then the server died in round 9 again: resumed after 8, asked first in round 11
+    assert restore(11, [5, 8]) == (8, {"round": 8, "attempt": 1})
+    assert (d / "abandoned-round-9.attempt-1.pt").is_file()
+    client_state.prune(cfg, "run-a")
+    assert [p.name for p in d.iterdir()] == ["round-8.attempt-1.pt"]
+
+
+def test_bookkeeping_keys_are_not_counted_as_the_methods_bytes():
+    from flwr.app import ConfigRecord, RecordDict
+
+    from flowerbed.strategies.base import record_bytes
+
+    bare = RecordDict({"config": ConfigRecord({"server-round": 3})})
+    kept = RecordDict({"config": ConfigRecord({"server-round": 3, "run-key": "a-0123456789",
+                                               "resumed-after": [2, 5]})})
+    assert record_bytes(bare) == record_bytes(kept) > 0
 
 
 def test_a_renamed_run_still_finds_its_clients_state(tmp_path):

@@ -34,7 +34,7 @@ def _restored(client: Client, msg: Message) -> str:
     """In a resumed run, the client's filed state goes back into context.state first."""
     key = client_state.run_key_of(msg)
     client_state.restore(client.cfg, client.context, key, client.partition_id, client.round_of(msg),
-                         client.keeps_state)
+                         client.keeps_state, client_state.resumed_after_of(msg))
     return key
 
 
@@ -60,7 +60,8 @@ def train(msg: Message, context: Context) -> Message:
     client = client_for(context)
     key = _restored(client, msg)
     reply = inject(client.cfg, client.partition_id, msg, lambda: client.train(msg))
-    client_state.save(client.cfg, context, key, client.partition_id, client.round_of(msg))
+    client_state.save(client.cfg, context, key, client.partition_id, client.round_of(msg),
+                      len(client_state.resumed_after_of(msg)))
     return reply
 
 

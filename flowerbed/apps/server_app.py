@@ -317,6 +317,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     with RunDir(output_dir, run_name, described,
                 resume_round=ckpt["round"] if ckpt else None) as run_dir:  # this ServerApp's till it ends
         strategy.run_key = client_state.run_key(run_dir.path, run_dir.run_id)
+        strategy.resumed_after = list(run_dir.config.get("resumed-after-rounds", []))
         warn_unused_data(cfg, test)
         log.info("run directory: %s | %s on %s, %s, %d clients, server device %s | acc: %s",
                  run_dir.path, cfg.method, cfg.dataset, cfg.partition, num_partitions, device,

@@ -43,9 +43,16 @@ WHOAMI = "query.whoami"
 MAX_EXAMPLES = 1e12  # a reply's sample count above this is refused (weights would overflow)
 
 
+#: config keys that say where a client files its state (Strategy.bookkeeping), not what the
+#: method sends: left out of the byte counts, so a resumed run's equal an unbroken one's
+BOOKKEEPING_KEYS = ("run-key", "resumed-after")
+
+
 def record_bytes(content: RecordDict) -> int:
-    """Payload size of a RecordDict: the sum of its records' byte counts."""
-    return int(sum(rec.count_bytes() for rec in content.values()))
+    """Payload size of a RecordDict: the sum of its records' byte counts, without the
+    bookkeeping keys of its config."""
+    return int(sum(ConfigRecord({k: v for k, v in rec.items() if k not in BOOKKEEPING_KEYS}).count_bytes()
+                   if isinstance(rec, ConfigRecord) else rec.count_bytes() for rec in content.values()))
 
 
 def with_record(content: RecordDict, key: str, record: ArrayRecord) -> RecordDict:
@@ -186,6 +193,7 @@ class FlowerbedFedAvg(FedAvg):
         self._sent: list[Message] = []
         self._reference: ArrayRecord | None = None
         self.run_key = ""  # the run directory's name: where clients file their per-round state
+        self.resumed_after: list[int] = []  # the run's resume points (config.json's resumed-after-rounds)
 
     # ------------------------------------------------------------------ nodes and sampling
     def discover(self, grid: Grid, wait_all: float = 0.0, timeout: float = 120.0) -> int:
@@ -324,6 +332,15 @@ class FlowerbedFedAvg(FedAvg):
         out the personal layers of a client that holds its own)."""
         return content
 
+    def bookkeeping(self, config: ConfigRecord) -> None:
+        """Where the clients file their state (client_state): the run key and, in a resumed
+        run, its resume points; left out of the byte counts (:func:`record_bytes`), which are the
+        method's."""
+        if self.run_key:  # (Flower cannot count the bytes of an empty string)
+            config["run-key"] = self.run_key
+        if self.resumed_after:
+            config["resumed-after"] = list(self.resumed_after)
+
     # ------------------------------------------------------------------ training
     def train_content(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord
                       ) -> RecordDict:
@@ -334,8 +351,7 @@ class FlowerbedFedAvg(FedAvg):
                         grid: Grid) -> Iterable[Message]:
         self.round = RoundLog()
         config["server-round"] = server_round
-        if self.run_key:  # (Flower cannot count the bytes of an empty string)
-            config["run-key"] = self.run_key
+        self.bookkeeping(config)
         node_ids = self.sample(grid, server_round, self.fraction_train, stream=0)
         self.round.sampled = [self.partition_of[n] for n in node_ids]
         self._reference = arrays
@@ -501,8 +517,7 @@ class FlowerbedFedAvg(FedAvg):
         if not self.evaluates(server_round) or not self.clients_evaluate():
             return []
         config["server-round"] = server_round
-        if self.run_key:  # (Flower cannot count the bytes of an empty string)
-            config["run-key"] = self.run_key
+        self.bookkeeping(config)
         node_ids = self.sample(grid, server_round, self.fraction_evaluate, stream=1)
         if self.evaluates_locally():
             empty = {n for n in node_ids if self.num_test.get(self.partition_of[n], 1) == 0}
@@ -516,7 +531,12 @@ class FlowerbedFedAvg(FedAvg):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
                            ) -> MetricRecord | None:
+        replies = list(replies)
         metrics = super().aggregate_evaluate(server_round, replies)
+        if metrics is not None and "diverged" in metrics:  # how many clients, not a mean of flags
+            metrics["diverged"] = float(sum(
+                not r.has_error() and "metrics" in r.content.metric_records
+                and bool(r.content["metrics"].get("diverged")) for r in replies))
         if self.clients_evaluate():  # else keep what the round recorded (FedFew's local scores)
             self.round.eval_metrics = dict(metrics or {})
         return metrics
