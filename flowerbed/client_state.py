@@ -14,11 +14,13 @@ round that the run still stands on; methods without client state write nothing.
 
 Attempts. A resumed run repeats the rounds after its checkpoint, so state filed in them by the
 attempt that crashed is not the run's. Every message of a resumed run names its resume points
-(``resumed-after``: config.json's ``resumed-after-rounds``); the state a client files in the
-run's n-th resumed attempt is ``round-<r>.attempt-<n>.pt``, and round r belongs to the attempt
-that ran it last before the checkpoint it resumed from (:func:`attempt_of`). Files of another
-attempt are set aside as ``abandoned-...``: the partition may not be asked in the resumed rounds
-at all, so its first message can come after those rounds, or after a later resume.
+(``resumed-after``: config.json's ``resumed-after-rounds``); the state a client files in round
+r of the run's n-th attempt (0: the first) is ``round-<r>.attempt-<n>.pt``, and round r belongs
+to the attempt that ran it last before the checkpoint it resumed from (:func:`attempt_of`).
+Files of another attempt are set aside as ``abandoned-...``: the partition may not be asked in
+the resumed rounds at all, so its first message can come after those rounds, or after a later
+resume. Files named ``round-<r>.pt`` (flowerbed before attempts) count for any attempt, and are
+set aside from the resumed round on, as before.
 
 ``run-key`` (:func:`run_key`) is the run directory's name plus the run's id (kept in its
 config.json), sent by the server in every message's config: two runs of the same name in
@@ -79,7 +81,7 @@ def resumed_after_of(msg: Message) -> list[int]:
 
 
 def _name(server_round: int, attempt: int) -> str:
-    return f"round-{server_round}.pt" if attempt == 0 else f"round-{server_round}.attempt-{attempt}.pt"
+    return f"round-{server_round}.attempt-{attempt}.pt"
 
 
 def _records(context: Context) -> dict:
@@ -103,22 +105,25 @@ def save(cfg: Config, context: Context, run_key: str, partition_id: int, server_
         return
     d.mkdir(parents=True, exist_ok=True)
     write_synced(d / _name(server_round, attempt), encode(recs))  # on disk before the reply leaves
-    for *_, old in sorted(_filed(d))[:-KEEP]:
+    for *_, old in _filed(d)[:-KEEP]:
         with contextlib.suppress(OSError):
             old.unlink()
 
 
 def _filed(d: Path, prefix: str = "") -> list[tuple[int, int, Path]]:
-    """(round, attempt, path) of each state file in ``d`` (``prefix``: set-aside ones)."""
+    """(round, attempt, path) of each state file in ``d``, by round, the attempt -1 for a file
+    from before attempts (``prefix``: set-aside ones)."""
     pattern = re.escape(prefix) + r"round-(\d+)(?:\.attempt-(\d+))?\.pt"
-    return [(int(m.group(1)), int(m.group(2) or 0), p) for p in d.glob(f"{prefix}round-*.pt")
-            if (m := re.fullmatch(pattern, p.name))] if d.is_dir() else []
+    return sorted((int(m.group(1)), int(m.group(2) or -1), p) for p in d.glob(f"{prefix}round-*.pt")
+                  if (m := re.fullmatch(pattern, p.name))) if d.is_dir() else []
 
 
 def restore(cfg: Config, context: Context, run_key: str, partition_id: int, server_round: int,
-            keeps_state: bool = True, resumed_after: list[int] | None = None) -> int | None:
-    """Put back the newest state this run filed before ``server_round`` (its resume points
-    ``resumed_after`` say which attempt's files those are); returns its round.
+            keeps_state: bool = True, resumed_after: list[int] | None = None,
+            evaluating: bool = False) -> int | None:
+    """Put back the newest state this run filed before ``server_round`` (``evaluating``: up to
+    it, which the evaluation after its training scores); its resume points ``resumed_after``
+    say which attempt's files those are. Returns the restored state's round.
 
     Runs once per client process and run (a marker in ``context.state`` remembers it was done):
     in a resumed run, and in a fresh one whose SuperNode restarted (its context is new, its files
@@ -133,14 +138,14 @@ def restore(cfg: Config, context: Context, run_key: str, partition_id: int, serv
         d = _filed_under_another_name(cfg, run_key, partition_id) or d
     if not d.is_dir() and not cfg.resume:  # a fresh run's first message: nothing to look for
         return None
-    resumed_after = list(resumed_after or [])
-    _restore_releases(context, d, server_round)
-    _abandon(d, server_round, partition_id, resumed_after)
-    earlier = sorted(((r, p) for r, _, p in _filed(d) if r < server_round), reverse=True)
+    before = server_round + evaluating
+    _abandon(d, before, partition_id, list(resumed_after or []))
+    _restore_releases(context, d, before)
+    earlier = [(r, p) for r, _, p in reversed(_filed(d)) if r < before]
     if not earlier:  # said only where the method's client keeps state (Client.keeps_state)
         log.log(logging.INFO if keeps_state else logging.DEBUG, "partition %d: no filed state from "
                 "before round %d in %s (none filed, or lost: it starts from the method's initial state)",
-                partition_id, server_round, d)
+                partition_id, before, d)
         return None
     for r, path in earlier:  # a damaged file: the one before it (KEEP), loudly
         try:
@@ -174,25 +179,25 @@ def _filed_under_another_name(cfg: Config, run_key: str, partition_id: int) -> P
     return d
 
 
-def _abandon(d: Path, server_round: int, partition_id: int, resumed_after: list[int]) -> None:
+def _abandon(d: Path, before: int, partition_id: int, resumed_after: list[int]) -> None:
     """Set aside the state an attempt filed in a round the run has since rolled back past (a
-    later attempt ran it, :func:`attempt_of`), and any filed in ``server_round`` or later. Left
-    in place, a later restore could take one of them for the newest state from before its
-    round."""
+    later attempt ran it, :func:`attempt_of`); of the files from before attempts, those filed in
+    round ``before`` or later. Left in place, a later restore could take one of them for the
+    newest state from before its round."""
     for r, a, path in _filed(d):
-        if r >= server_round or a != attempt_of(r, resumed_after):
+        if (r >= before) if a < 0 else (a != attempt_of(r, resumed_after)):
             with contextlib.suppress(OSError):
                 path.replace(aside := d / f"abandoned-{path.name}")
                 log.info("partition %d: its state filed in round %d of an attempt the run rolled "
                          "back past, set aside as %s", partition_id, r, aside)
 
 
-def _restore_releases(context: Context, d: Path, server_round: int) -> None:
-    """``released.*`` records filed in ``server_round`` or later (the server died after the
-    client's reply but before its checkpoint), or set aside by an earlier resume: a repeated
-    round re-sends them, never a new draw."""
-    files = ([p for r, _, p in sorted(_filed(d), reverse=True) if r >= server_round]
-             + [p for *_, p in sorted(_filed(d, "abandoned-"), reverse=True)])
+def _restore_releases(context: Context, d: Path, before: int) -> None:
+    """``released.*`` records filed in round ``before`` or later, or set aside (the server died
+    after the client's reply but before its checkpoint): a repeated round re-sends them, never
+    a new draw."""
+    files = ([p for r, _, p in reversed(_filed(d)) if r >= before]
+             + [p for *_, p in reversed(_filed(d, "abandoned-"))])
     for f in files:
         with contextlib.suppress(Exception):  # a damaged file: the next older one, or none
             arrays = decode(torch.load(f, map_location="cpu", weights_only=True))["arrays"]
@@ -216,6 +221,6 @@ def prune(cfg: Config, run_key: str) -> None:
         return
     for d in base.glob("partition-*"):
         # (the newest state carries any released.* records of the set-aside ones too)
-        for *_, old in sorted(_filed(d))[:-1] + _filed(d, "abandoned-"):
+        for *_, old in _filed(d)[:-1] + _filed(d, "abandoned-"):
             with contextlib.suppress(OSError):
                 old.unlink()

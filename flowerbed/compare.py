@@ -155,7 +155,8 @@ def compare(methods: list[str], overrides: dict[str, Any], num_clients: int,
             _run_plan(out, plan, results, fed, nothing_to_run)
         except KeyboardInterrupt:  # Ctrl-C: the runs that finished still get their table
             if results:
-                _write_tables(out, results, overrides, num_clients)
+                with engine.shielded("the table of the runs that ended"):
+                    _write_tables(out, results, overrides, num_clients)
                 log.warning("compare: interrupted; the table holds the %d run(s) that ended; "
                             "`--resume` with the same command runs the rest", len(results))
             raise

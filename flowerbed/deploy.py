@@ -293,7 +293,7 @@ def bind_for(address: str) -> str:
     address is the loopback (nothing else can reach it), else all interfaces (a SuperLink bound
     to 127.0.0.1 never answers at 10.0.0.5, and ``up`` waited a minute to say so)."""
     if (ip := certs.ip_of(address)) is None:  # a name: all IPv4 interfaces (localhost: the loopback)
-        return "127.0.0.1" if address == "localhost" else "0.0.0.0"
+        return "127.0.0.1" if address.strip("[]") == "localhost" else "0.0.0.0"
     if ip.is_loopback:
         return str(ip)  # 127.0.1.1 listens there, not on 127.0.0.1
     return "::" if ip.version == 6 else "0.0.0.0"
@@ -364,7 +364,8 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
         if wait_nodes:
             wait_online(dep, num_nodes, since=since)
     except BaseException:
-        down(dep)
+        with engine.shielded("the deployment's processes"):
+            down(dep)
         raise
     return dep
 

@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -408,8 +409,30 @@ def descendants(*pids: int) -> list[int]:
 def _stop(proc: subprocess.Popen) -> None:
     """Stop the SuperLink and everything it started (:func:`stop_group`), then reap it."""
     if proc.poll() is None:  # reaped already: its pid may belong to another process by now
-        stop_group(proc.pid)
+        with shielded("the SuperLink and its simulation"):
+            stop_group(proc.pid)
         proc.poll()
+
+
+@contextlib.contextmanager
+def shielded(what: str) -> Iterator[None]:
+    """A clean-up that a second Ctrl-C must not cut short: pressed twice, Ctrl-C left the
+    simulation (flwr-simulation and Ray) training on in the background. Within it SIGINT is
+    noted, not raised (the clean-ups are bounded: a SIGTERM, a wait, a SIGKILL); SIGTERM and
+    SIGHUP are ignored after the first already (``cli.signals_interrupt``). Main thread only,
+    where Python delivers signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def note(signum, frame):
+        log.warning("still stopping %s; a moment (it is not left running)", what)
+
+    old = signal.signal(signal.SIGINT, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def toml_value(v: Any) -> str:
@@ -514,32 +537,35 @@ def flwr_run(home: Path, connection: str, run_config: dict[str, Any],
                 if echo:  # a traceback the output ended in
                     _end_fold(echo, fold)
             except BaseException as e:  # Ctrl-C or a broken terminal: leave neither flwr nor the run
-                if echo:  # a failure whose traceback was being folded: its line
-                    _end_fold(echo, fold)
-                proc.terminate()
-                try:  # Popen's exit waits without a limit for anything but a KeyboardInterrupt
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                # an interrupt after the ServerApp wrote its summary (flwr still streaming the
-                # end): the run finished, and its summary rides on the exception (compare's table)
-                finished = False
-                with contextlib.suppress(OSError, ValueError):  # nothing here may hide the interrupt
-                    if _stamp(summary) not in (None, before):
-                        e.summary, finished = json.loads(summary.read_text()), True
-                if sink:
-                    sink.write(log_header(f"interrupted ({type(e).__name__}): " + (
-                        "the run had finished; its results are kept" if finished else "the run is stopped")))
-                    sink.flush()
-                if finished:
-                    log.warning("interrupted after run '%s' had finished: its results are in %s",
-                                run_config["run-name"], run_dir)
-                elif run_id is not None:
-                    stop_run(home, connection, run_id)
-                else:  # flwr may have submitted it before it printed the id: say how to look
-                    log.warning("interrupted before `flwr run` named its run id: if it was "
-                                "submitted, it may still run; `flwr list %s` (FLWR_HOME=%s) shows "
-                                "it and `flwr stop <run-id> %s` stops it", connection, home, connection)
+                with shielded("the run"):  # a second Ctrl-C left it running
+                    if echo:  # a failure whose traceback was being folded: its line
+                        _end_fold(echo, fold)
+                    proc.terminate()
+                    try:  # Popen's exit waits without a limit for anything but a KeyboardInterrupt
+                        proc.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                    # an interrupt after the ServerApp wrote its summary (flwr still streaming the
+                    # end): the run finished, and its summary rides on the exception (compare's table)
+                    finished = False
+                    with contextlib.suppress(OSError, ValueError):  # nothing here may hide the interrupt
+                        if _stamp(summary) not in (None, before):
+                            e.summary, finished = json.loads(summary.read_text()), True
+                    if sink:
+                        sink.write(log_header(f"interrupted ({type(e).__name__}): " + (
+                            "the run had finished; its results are kept" if finished
+                            else "the run is stopped")))
+                        sink.flush()
+                    if finished:
+                        log.warning("interrupted after run '%s' had finished: its results are in %s",
+                                    run_config["run-name"], run_dir)
+                    elif run_id is not None:
+                        stop_run(home, connection, run_id)
+                    else:  # flwr may have submitted it before it printed the id: say how to look
+                        log.warning("interrupted before `flwr run` named its run id: if it was "
+                                    "submitted, it may still run; `flwr list %s` (FLWR_HOME=%s) shows "
+                                    "it and `flwr stop <run-id> %s` stops it", connection, home,
+                                    connection)
                 raise
     finally:
         if sink:

@@ -743,6 +743,7 @@ def test_the_superlink_listens_where_its_address_points():
     """`up --address 10.0.0.5` bound 127.0.0.1 and waited a minute to report a closed port."""
     assert deploy.bind_for("127.0.0.1") == "127.0.0.1" and deploy.bind_for("localhost") == "127.0.0.1"
     assert deploy.bind_for("[::1]") == "::1" and deploy.bind_for("127.0.1.1") == "127.0.1.1"
+    assert deploy.bind_for("[localhost]") == "127.0.0.1"
     assert deploy.bind_for("10.0.0.5") == deploy.bind_for("lab.example") == "0.0.0.0"
     assert deploy.bind_for("[2001:db8::5]") == "::"
 

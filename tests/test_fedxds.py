@@ -239,7 +239,7 @@ def test_d_g_is_kept_in_one_file_not_in_the_context(tmp_path):
     assert not ctx.state.array_records  # nothing of D_g in the context
     (kept,) = tmp_path.glob("run-a/fedxds-pool-*.pt")
     client_state.save(cfg, ctx, "run-a", 0, 4)
-    assert (tmp_path / "run-a" / "partition-0" / "round-4.pt").stat().st_size < 10_000
+    assert (tmp_path / "run-a" / "partition-0" / "round-4.attempt-0.pt").stat().st_size < 10_000
     assert main_round(5).content["metrics"]["has-pool"] == 1  # from the file
     kept.unlink()
     lost = main_round(6).content  # without D_g it does not train (from a review: it did, without

@@ -740,7 +740,7 @@ def test_a_damaged_client_state_file_falls_back_to_the_round_before(tmp_path, ca
     for rnd in (1, 2):
         client_state.save(cfg, ctx(RecordDict({"c": ConfigRecord({"round": rnd})})), "run-a", 0, rnd)
     assert not list(tmp_path.rglob("*.tmp"))
-    (tmp_path / "run-a" / "partition-0" / "round-2.pt").write_bytes(b"PK\x03\x04 half a zip")
+    (tmp_path / "run-a" / "partition-0" / "round-2.attempt-0.pt").write_bytes(b"PK\x03\x04 half a zip")
     resumed = ctx()
     assert client_state.restore(cfg.replace(resume="x"), resumed, "run-a", 0, 3) == 1
     assert resumed.state["c"]["round"] == 1 and "cannot read its state" in caplog.text
@@ -786,11 +786,11 @@ def test_state_filed_in_the_rounds_a_resume_repeats_is_never_restored_later(tmp_
         client_state.save(cfg, ctx(RecordDict({"c": ConfigRecord({"round": rnd}),
                                                "released.shared": released})), "run-a", 0, rnd)
     first = ctx()
-    assert client_state.restore(cfg.replace(resume="x"), first, "run-a", 0, 6) == 5
+    assert client_state.restore(cfg.replace(resume="x"), first, "run-a", 0, 6, resumed_after=[5]) == 5
     second = ctx()  # not sampled in rounds 6 and 7; the server died in round 8
-    assert client_state.restore(cfg.replace(resume="x"), second, "run-a", 0, 8) == 5
+    assert client_state.restore(cfg.replace(resume="x"), second, "run-a", 0, 8, resumed_after=[5, 7]) == 5
     assert second.state["c"]["round"] == 5 and "released.shared" in second.state.array_records
-    assert (tmp_path / "run-a" / "partition-0" / "abandoned-round-6.pt").is_file()
+    assert (tmp_path / "run-a" / "partition-0" / "abandoned-round-6.attempt-0.pt").is_file()
     client_state.prune(cfg, "run-a")  # a finished run keeps its newest state only
     assert not list((tmp_path / "run-a" / "partition-0").glob("abandoned-*"))
 
@@ -800,8 +800,10 @@ def test_a_client_restores_only_state_of_the_rounds_the_run_stands_on(tmp_path):
     sampled in that round) restored the crashed attempt's state from it. Messages of a resumed
     run name its resume points, files name their attempt, and a round's state counts only from
     the attempt that ran it last; a SuperNode restarted within an attempt keeps its state (the
-    first fix, reverted, rolled it back to the checkpoint), also in a run never resumed."""
-    from flwr.app import ConfigRecord, Context, RecordDict
+    first fix, reverted, rolled it back to the checkpoint), also in a run never resumed and when
+    its first message is the round's evaluation; released.* records come back from a set-aside
+    file; files from before attempts still count."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 
     from flowerbed import client_state
 
@@ -811,30 +813,69 @@ def test_a_client_restores_only_state_of_the_rounds_the_run_stands_on(tmp_path):
     def ctx(state=None):
         return Context(run_id=1, node_id=1, node_config={}, state=state or RecordDict(), run_config={})
 
-    def file(rnd, attempt):
-        client_state.save(cfg, ctx(RecordDict({"c": ConfigRecord({"round": rnd, "attempt": attempt})})),
-                          "run-a", 0, rnd, attempt)
+    def file(rnd, attempt, **extra):
+        client_state.save(cfg, ctx(RecordDict({"c": ConfigRecord({"round": rnd, "attempt": attempt}),
+                                               **extra})), "run-a", 0, rnd, attempt)
 
-    def restore(rnd, points):
+    def restore(rnd, points, evaluating=False):
         c = ctx()
         got = client_state.restore(cfg.replace(resume="x" if points else ""), c, "run-a", 0, rnd,
-                                   resumed_after=points)
-        return got, dict(c.state["c"]) if "c" in c.state.config_records else None
+                                   resumed_after=points, evaluating=evaluating)
+        assert got is None or c.state["c"]["round"] == got
+        return got, c.state["c"]["attempt"] if got else None, c.state.array_records.get("released.x")
 
     assert [client_state.attempt_of(r, [5, 5, 7]) for r in (5, 6, 7, 8)] == [0, 2, 2, 3]
     file(4, 0), file(5, 0)
-    assert restore(6, []) == (5, {"round": 5, "attempt": 0})  # a fresh run's SuperNode restarted
-    file(6, 0)  # the server died in round 6 (checkpoint 5) after this client filed it
-    # resumed after 5, this partition first asked in round 7: not the crashed attempt's round 6
-    assert restore(7, [5]) == (5, {"round": 5, "attempt": 0})
-    assert (d / "abandoned-round-6.pt").is_file()
+    assert restore(6, [])[:2] == (5, 0)  # a fresh run's SuperNode restarted
+    assert restore(5, [], evaluating=True)[:2] == (5, 0)  # restarted between training and evaluation
+    released = ArrayRecord({"x": Array(np.ones(2, np.float32))})
+    file(6, 0, **{"released.x": released})  # the server died in round 6 (checkpoint 5) after this
+    # resumed after 5, this partition first asked in round 7: not the crashed attempt's round 6,
+    # but what it sent out in round 6 comes back
+    got = restore(7, [5])
+    assert got[:2] == (5, 0) and got[2] is not None
+    assert (d / "abandoned-round-6.attempt-0.pt").is_file()
     file(7, 1), file(8, 1)
-    assert restore(9, [5]) == (8, {"round": 8, "attempt": 1})  # restarted within the attempt
+    assert restore(9, [5])[:2] == (8, 1)  # restarted within the attempt
     file(9, 1)  # then the server died in round 9 again: resumed after 8, asked first in round 11
-    assert restore(11, [5, 8]) == (8, {"round": 8, "attempt": 1})
+    assert restore(11, [5, 8])[:2] == (8, 1)
     assert (d / "abandoned-round-9.attempt-1.pt").is_file()
     client_state.prune(cfg, "run-a")
     assert [p.name for p in d.iterdir()] == ["round-8.attempt-1.pt"]
+    file(10, 1)
+    (d / "round-10.attempt-1.pt").rename(d / "round-10.pt")  # as flowerbed filed it before attempts
+    assert restore(11, [5, 10])[:2] == (10, 1)  # an older run extended: its newest state counts
+
+
+@pytest.mark.parametrize("method", ["scaffold", "ditto", "fedbyol"])
+def test_a_restarted_supernode_continues_from_its_filed_state(tmp_path, method):
+    """A SuperNode keeps its clients' context.state in memory: one restarted mid-run came back
+    with none, so in a run never resumed its client started over (SCAFFOLD's c_i at zero, Ditto's
+    personal model and BYOL's target network new) while the server went on. Its first message
+    now restores the state it filed: the run's metrics equal an uninterrupted run's."""
+    from flwr.app import Context, RecordDict
+    from inprocess import LocalGrid
+
+    class Restarting(LocalGrid):  # node 1000 (partition 0) restarts after round 1
+        restarted = False
+
+        def send_and_receive(self, messages, *, timeout=None):
+            messages = list(messages)
+            if not self.restarted and any(m.content["config"].get("server-round") == 2 for m in messages
+                                          if "config" in m.content.config_records):
+                old = self.contexts[1000]
+                self.contexts[1000] = Context(run_id=1, node_id=1000, node_config=old.node_config,
+                                              state=RecordDict(), run_config=old.run_config)
+                self.restarted = True
+            return super().send_and_receive(messages, timeout=timeout)
+
+    rc = config(tmp_path, method, "full", **{"num-server-rounds": 3})
+    run_inprocess(rc, 3)
+    cfg = Config.from_run_config({**rc, "run-name": "rest"})
+    grid = Restarting(cfg.to_run_config(), 3)
+    server_app.run(grid, cfg)
+    assert grid.restarted
+    assert differences(rows_of(tmp_path / "rest"), rows_of(tmp_path / "full")) == []
 
 
 def test_bookkeeping_keys_are_not_counted_as_the_methods_bytes():

@@ -30,11 +30,12 @@ def client_for(context: Context) -> Client:
     return METHODS[cfg.method].client(cfg, context)
 
 
-def _restored(client: Client, msg: Message) -> str:
-    """In a resumed run, the client's filed state goes back into context.state first."""
+def _restored(client: Client, msg: Message, evaluating: bool = False) -> str:
+    """A client process's first message in a run (a resumed run, a restarted SuperNode): its
+    filed state goes back into context.state first."""
     key = client_state.run_key_of(msg)
     client_state.restore(client.cfg, client.context, key, client.partition_id, client.round_of(msg),
-                         client.keeps_state, client_state.resumed_after_of(msg))
+                         client.keeps_state, client_state.resumed_after_of(msg), evaluating)
     return key
 
 
@@ -69,7 +70,7 @@ def train(msg: Message, context: Context) -> Message:
 @_naming_missing_keys
 def evaluate(msg: Message, context: Context) -> Message:
     client = client_for(context)
-    _restored(client, msg)
+    _restored(client, msg, evaluating=True)
     return client.evaluate(msg)
 
 

@@ -531,12 +531,10 @@ class FlowerbedFedAvg(FedAvg):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
                            ) -> MetricRecord | None:
-        replies = list(replies)
         metrics = super().aggregate_evaluate(server_round, replies)
         if metrics is not None and "diverged" in metrics:  # how many clients, not a mean of flags
-            metrics["diverged"] = float(sum(
-                not r.has_error() and "metrics" in r.content.metric_records
-                and bool(r.content["metrics"].get("diverged")) for r in replies))
+            metrics["diverged"] = float(sum(bool(c.get("evaluate-diverged"))  # (the valid replies')
+                                            for c in self.round.clients.values()))
         if self.clients_evaluate():  # else keep what the round recorded (FedFew's local scores)
             self.round.eval_metrics = dict(metrics or {})
         return metrics
