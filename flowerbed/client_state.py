@@ -7,7 +7,7 @@ model, FedCC/FedDF/FedMD/FedCT's models, FedRep's head, Ditto's personal model, 
 α, Local's model, FedSoft's local model and importance weights, FedXDS's D_g, Fed-ADE's personal
 layers and estimator buffers, Fed-POE's local and pre-trained models and Hedge weights) therefore
 file it after every training round, on the
-client's own machine, under ``<client-state-dir>/<run-key>/partition-<i>/round-<r>.pt`` (the last
+client's own machine, under ``<client-state-dir>/<run-key>/partition-<i>/round-<r>.attempt-<n>.pt`` (the last
 two rounds are kept; after the run, the last). The first message a client process gets in a run
 (in a resumed run, or after its SuperNode restarted) restores the newest file from before its
 round that the run still stands on; methods without client state write nothing.
@@ -19,8 +19,8 @@ r of the run's n-th attempt (0: the first) is ``round-<r>.attempt-<n>.pt``, and 
 to the attempt that ran it last before the checkpoint it resumed from (:func:`attempt_of`).
 Files of another attempt are set aside as ``abandoned-...``: the partition may not be asked in
 the resumed rounds at all, so its first message can come after those rounds, or after a later
-resume. Files named ``round-<r>.pt`` (flowerbed before attempts) count for any attempt, and are
-set aside from the resumed round on, as before.
+resume. Files named ``round-<r>.pt`` (flowerbed before attempts) count for any attempt, except
+in rounds after the last resume point (:func:`_rolled_back`).
 
 ``run-key`` (:func:`run_key`) is the run directory's name plus the run's id (kept in its
 config.json), sent by the server in every message's config: two runs of the same name in
@@ -134,8 +134,16 @@ def restore(cfg: Config, context: Context, run_key: str, partition_id: int, serv
         return None
     context.state[RESTORED] = ConfigRecord({"round": server_round})
     d = folder(cfg, run_key, partition_id)
-    if not d.is_dir() and cfg.resume:  # the run's folder was renamed since: its state is under the old name
-        d = _filed_under_another_name(cfg, run_key, partition_id) or d
+    if not d.is_dir() and cfg.resume and (old := _filed_under_another_name(cfg, run_key, partition_id)):
+        # the run's folder was renamed since: its state moves to the new name, so that what it
+        # files from now on sits beside it (a second crash finds both)
+        try:
+            d.parent.mkdir(parents=True, exist_ok=True)
+            old.rename(d)
+        except OSError as e:
+            log.warning("partition %d: could not move its state from %s to %s (%s); read there",
+                        partition_id, old, d, e)
+            d = old
     if not d.is_dir() and not cfg.resume:  # a fresh run's first message: nothing to look for
         return None
     before = server_round + evaluating
@@ -179,13 +187,22 @@ def _filed_under_another_name(cfg: Config, run_key: str, partition_id: int) -> P
     return d
 
 
+def _rolled_back(r: int, a: int, before: int, resumed_after: list[int]) -> bool:
+    """Whether state filed in round ``r`` by attempt ``a`` is not the run's: a later attempt ran
+    that round (:func:`attempt_of`). A file from before attempts (``a`` < 0) counts for any
+    attempt, but not from round ``before`` on, nor after the last resume point (only the attempt
+    now running runs those, and it names its files)."""
+    if a >= 0:
+        return a != attempt_of(r, resumed_after)
+    return r >= before or (bool(resumed_after) and r > max(resumed_after))
+
+
 def _abandon(d: Path, before: int, partition_id: int, resumed_after: list[int]) -> None:
-    """Set aside the state an attempt filed in a round the run has since rolled back past (a
-    later attempt ran it, :func:`attempt_of`); of the files from before attempts, those filed in
-    round ``before`` or later. Left in place, a later restore could take one of them for the
-    newest state from before its round."""
+    """Set aside the state filed in rounds the run rolled back past (:func:`_rolled_back`).
+    Left in place, a later restore could take one of them for the newest state from before
+    its round."""
     for r, a, path in _filed(d):
-        if (r >= before) if a < 0 else (a != attempt_of(r, resumed_after)):
+        if _rolled_back(r, a, before, resumed_after):
             with contextlib.suppress(OSError):
                 path.replace(aside := d / f"abandoned-{path.name}")
                 log.info("partition %d: its state filed in round %d of an attempt the run rolled "
@@ -213,14 +230,21 @@ def run_key_of(msg: Message) -> str:
     return str(cfg.get("run-key", "")) if cfg is not None else ""
 
 
-def prune(cfg: Config, run_key: str) -> None:
-    """A finished run: keep only each client's newest filed state on this machine (what a run
-    extended with more rounds resumes from, as on a deployed client's machine)."""
+def prune(cfg: Config, run_key: str, resumed_after: list[int] | None = None) -> None:
+    """A finished run: keep only each client's newest filed state on this machine that the run
+    stands on (what a run extended with more rounds resumes from, as on a deployed client's
+    machine): a partition asked in none of a resumed run's rounds still holds the crashed
+    attempt's file, which is not it."""
     base = root(cfg) / run_key if run_key else None
     if base is None or not base.is_dir():
         return
     for d in base.glob("partition-*"):
-        # (the newest state carries any released.* records of the set-aside ones too)
-        for *_, old in _filed(d)[:-1] + _filed(d, "abandoned-"):
+        with contextlib.suppress(ValueError):
+            _abandon(d, 2 ** 62, int(d.name.removeprefix("partition-")), list(resumed_after or []))
+        kept = _filed(d)
+        newest = kept[-1][0] if kept else -1
+        # a file set aside up to the newest state's round: that state was filed after the
+        # restore that set it aside, so it carries its released.* records; a later one may not
+        for *_, old in kept[:-1] + [(r, a, p) for r, a, p in _filed(d, "abandoned-") if r <= newest]:
             with contextlib.suppress(OSError):
                 old.unlink()

@@ -417,10 +417,10 @@ def _stop(proc: subprocess.Popen) -> None:
 @contextlib.contextmanager
 def shielded(what: str) -> Iterator[None]:
     """A clean-up that a second Ctrl-C must not cut short: pressed twice, Ctrl-C left the
-    simulation (flwr-simulation and Ray) training on in the background. Within it SIGINT is
-    noted, not raised (the clean-ups are bounded: a SIGTERM, a wait, a SIGKILL); SIGTERM and
-    SIGHUP are ignored after the first already (``cli.signals_interrupt``). Main thread only,
-    where Python delivers signals."""
+    simulation (flwr-simulation and Ray) training on in the background. Within it SIGINT, SIGTERM
+    and SIGHUP (a closed terminal after a Ctrl-C) are noted, not raised (the clean-ups are
+    bounded: a SIGTERM, a wait, a SIGKILL; ``flwr stop``'s timeout); an ignored one stays
+    ignored. Main thread only, where Python delivers signals."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -428,11 +428,15 @@ def shielded(what: str) -> Iterator[None]:
     def note(signum, frame):
         log.warning("still stopping %s; a moment (it is not left running)", what)
 
-    old = signal.signal(signal.SIGINT, note)
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    for s, handler in old.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(s, note)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
+        for s, handler in old.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
 def toml_value(v: Any) -> str:
@@ -603,8 +607,11 @@ def stop_run(home: Path, connection: str, run_id: str) -> None:
     """``flwr stop``: the ServerApp goes on after ``flwr run --stream`` is interrupted (a
     deployment's SuperLink outlives the launcher). Best effort; says so when it fails."""
     try:
+        # in a session of its own: a second Ctrl-C reaches the terminal's whole group, and
+        # killed it (the run then trained on, on a deployment's SuperLink)
         res = subprocess.run([_bin("flwr"), "stop", run_id, connection], env=flwr_env(home),
-                             cwd=PROJECT, capture_output=True, text=True, timeout=30)
+                             cwd=PROJECT, capture_output=True, text=True, timeout=30,
+                             start_new_session=True)
         ok = res.returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         ok = False

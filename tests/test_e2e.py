@@ -197,6 +197,34 @@ def test_cli_bad_input_is_one_line(tmp_path):
     assert p.stderr.strip().splitlines()[-1].startswith("flowerbed: error: run-config 'method'")
 
 
+def test_a_clean_up_is_not_cut_short_by_further_signals(monkeypatch, caplog):
+    """From a review of the double Ctrl-C fix: within a clean-up, Ctrl-C, a hangup or a kill is
+    noted, not raised, and the handlers come back after it; `flwr stop` runs in a session of its
+    own, so the second Ctrl-C a terminal sends to its whole group does not kill it."""
+    import os
+    import signal
+
+    def raising(signum, frame):
+        raise KeyboardInterrupt
+
+    before = {s: signal.signal(s, raising) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with engine.shielded("the test's run"):
+            for s in before:
+                os.kill(os.getpid(), s)
+        assert caplog.text.count("still stopping the test's run") == 3
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    seen = {}
+    monkeypatch.setattr(engine.subprocess, "run", lambda cmd, **kw: seen.update(kw) or
+                        subprocess.CompletedProcess(cmd, 0, "", ""))
+    engine.stop_run(engine.shared_home(), "c", "1")
+    assert seen["start_new_session"] is True
+
+
 @pytest.mark.parametrize("presses", [1, 2])
 def test_ctrl_c_in_flowerbed_run_stops_the_whole_simulation(tmp_path, presses):
     """Found by a walk-through of the README: Ctrl-C in `flowerbed run` stopped the SuperLink's

@@ -791,8 +791,9 @@ def test_state_filed_in_the_rounds_a_resume_repeats_is_never_restored_later(tmp_
     assert client_state.restore(cfg.replace(resume="x"), second, "run-a", 0, 8, resumed_after=[5, 7]) == 5
     assert second.state["c"]["round"] == 5 and "released.shared" in second.state.array_records
     assert (tmp_path / "run-a" / "partition-0" / "abandoned-round-6.attempt-0.pt").is_file()
-    client_state.prune(cfg, "run-a")  # a finished run keeps its newest state only
-    assert not list((tmp_path / "run-a" / "partition-0").glob("abandoned-*"))
+    client_state.save(cfg, second, "run-a", 0, 8, 2)  # it trains on to the end
+    client_state.prune(cfg, "run-a", [5, 7])  # a finished run keeps its newest state only
+    assert [p.name for p in (tmp_path / "run-a" / "partition-0").iterdir()] == ["round-8.attempt-2.pt"]
 
 
 def test_a_client_restores_only_state_of_the_rounds_the_run_stands_on(tmp_path):
@@ -840,11 +841,45 @@ def test_a_client_restores_only_state_of_the_rounds_the_run_stands_on(tmp_path):
     file(9, 1)  # then the server died in round 9 again: resumed after 8, asked first in round 11
     assert restore(11, [5, 8])[:2] == (8, 1)
     assert (d / "abandoned-round-9.attempt-1.pt").is_file()
-    client_state.prune(cfg, "run-a")
-    assert [p.name for p in d.iterdir()] == ["round-8.attempt-1.pt"]
+    client_state.prune(cfg, "run-a", [5, 8])  # the set-aside round 9 may hold what round 8 lacks
+    assert sorted(p.name for p in d.iterdir()) == ["abandoned-round-9.attempt-1.pt", "round-8.attempt-1.pt"]
     file(10, 1)
     (d / "round-10.attempt-1.pt").rename(d / "round-10.pt")  # as flowerbed filed it before attempts
     assert restore(11, [5, 10])[:2] == (10, 1)  # an older run extended: its newest state counts
+
+
+def test_rolled_back_state_is_never_kept_at_the_end_nor_from_before_attempts(tmp_path):
+    """From a review of the attempts: (1) a partition asked in none of a resumed run's rounds kept
+    the crashed attempt's file as its newest at the end of the run, and an extension then set it
+    aside and started over; (2) a file from before attempts filed in the round the server died in
+    was restored when the partition was first asked later; (3) a renamed run that crashed again
+    in the same round found neither its old state nor its new."""
+    from flwr.app import ConfigRecord, Context, RecordDict
+
+    from flowerbed import client_state
+
+    cfg = Config.from_run_config({"client-state-dir": str(tmp_path), "resume": "x"})
+
+    def ctx(state=None):
+        return Context(run_id=1, node_id=1, node_config={}, state=state or RecordDict(), run_config={})
+
+    def file(key, rnd, attempt):
+        client_state.save(cfg, ctx(RecordDict({"c": ConfigRecord({"round": rnd})})), key, 0, rnd, attempt)
+
+    file("r-1111111111", 3, 0), file("r-1111111111", 4, 0)  # the server died in round 4
+    client_state.prune(cfg, "r-1111111111", [3])  # resumed after 3, never asked again, finished
+    c = ctx()
+    assert client_state.restore(cfg, c, "r-1111111111", 0, 11, resumed_after=[3, 10]) == 3  # (1)
+    d = tmp_path / "r-2222222222" / "partition-0"
+    file("r-2222222222", 4, 0)
+    (d / "round-4.attempt-0.pt").rename(d / "round-4.pt")  # as flowerbed filed them before attempts
+    file("r-2222222222", 5, 0)
+    (d / "round-5.attempt-0.pt").rename(d / "round-5.pt")  # the server died in round 5
+    assert client_state.restore(cfg, ctx(), "r-2222222222", 0, 7, resumed_after=[4]) == 4  # (2)
+    file("r-3333333333", 4, 0)  # then the run's folder is renamed, and it resumes after 4
+    assert client_state.restore(cfg, ctx(), "moved-3333333333", 0, 5, resumed_after=[4]) == 4
+    file("moved-3333333333", 5, 1)  # the server died in round 5 again
+    assert client_state.restore(cfg, ctx(), "moved-3333333333", 0, 5, resumed_after=[4, 4]) == 4  # (3)
 
 
 @pytest.mark.parametrize("method", ["scaffold", "ditto", "fedbyol"])

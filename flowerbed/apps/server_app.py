@@ -451,7 +451,8 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
             tmp = run_dir.path / ".model.pt.tmp"
             torch.save(result.arrays.to_torch_state_dict(), tmp)
             tmp.replace(run_dir.path / "model.pt")
-        client_state.prune(cfg, strategy.run_key)  # clients' filed state here: the newest only
+        # clients' filed state on this machine: the newest the run stands on only
+        client_state.prune(cfg, strategy.run_key, strategy.resumed_after)
         summary = run_dir.finish(summary)  # last: its presence means the run finished
         acc = summary["final-accuracy"]
         log.info("finished: final accuracy %s, summary in %s", "-" if acc is None else f"{acc:.4f}",
