@@ -5,7 +5,7 @@ import pytest
 from datasets import Dataset
 from flwr_datasets.partitioner import DirichletPartitioner
 
-from flowerbed.config import parse_partition
+from flowerbed.config import ConfigError, parse_partition
 from flowerbed.datasets.partition import client_split, label_histogram, partition_indices
 
 rng = np.random.default_rng(0)
@@ -167,3 +167,17 @@ def test_a_node_with_a_partition_id_out_of_range_is_named_before_round_1(tmp_pat
             client_data(Config.from_run_config(rc), pid, 3)
     with pytest.raises(ConfigError, match=r"'partition-id' = 3 is invalid: must be in \[0, 3\) \(node"):
         run_inprocess(rc, 3, node_extra=[{}, {}, {"partition-id": 3}])
+
+
+def test_a_redrawn_split_that_no_draw_can_give_fails_at_once(monkeypatch):
+    """Fed-ADE's target split is redrawn up to 600 times (6,000 draws): a split too small for the
+    clients' minimum whatever the draw is refused at the first, not after every one."""
+    from flowerbed.datasets import partition as part
+
+    calls = []
+    split = part._split
+    monkeypatch.setattr(part, "_split", lambda *a: calls.append(a) or split(*a))
+    with pytest.raises(ConfigError, match="min-partition-size"):
+        part.partition_indices(np.arange(30) % 3, parse_partition("dirichlet:0.1"), 20, 0,
+                               min_partition_size=6, redraws=600)
+    assert len(calls) == 1

@@ -42,16 +42,16 @@ def partition_indices(labels: np.ndarray, partition: Partition, num_partitions: 
 
 def _redrawn(labels, partition, num_partitions, seed, min_size, redraws) -> tuple[np.ndarray, ...]:
     tries = redraws if partition.kind == "dirichlet" else 1
-    seeds = [seed, *(int(np.random.default_rng([seed, 83, a]).integers(2 ** 31)) for a in range(1, tries))]
-    for s in seeds[:-1]:
-        with contextlib.suppress(ConfigError):
+    failed = ConfigError("partition", str(partition), "no draw")
+    for attempt in range(tries):
+        s = seed if attempt == 0 else int(np.random.default_rng([seed, 83, attempt]).integers(2 ** 31))
+        try:
             return _split(labels, partition, num_partitions, s, min_size)
-    try:
-        return _split(labels, partition, num_partitions, seeds[-1], min_size)
-    except ConfigError as e:
-        if tries == 1:
-            raise
-        raise ConfigError(e.key, e.value, f"{e.allowed} (in {10 * tries} draws)") from None
+        except ConfigError as e:
+            if e.key != "partition" or tries == 1:  # impossible whatever the draw, or one try
+                raise
+            failed = e
+    raise ConfigError(failed.key, failed.value, f"{failed.allowed} (in {10 * tries} draws)")
 
 
 _CACHE: dict[tuple, tuple[np.ndarray, ...]] = {}
