@@ -35,6 +35,7 @@ import glob
 import hashlib
 import logging
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -135,13 +136,13 @@ def restore(cfg: Config, context: Context, run_key: str, partition_id: int, serv
     context.state[RESTORED] = ConfigRecord({"round": server_round})
     d = folder(cfg, run_key, partition_id)
     if not d.is_dir() and cfg.resume and (old := _filed_under_another_name(cfg, run_key, partition_id)):
-        # the run's folder was renamed since: its state moves to the new name, so that what it
-        # files from now on sits beside it (a second crash finds both)
+        # the run's folder was renamed (or copied) since: its state is copied to the new name, so
+        # that what it files from now on sits beside it (a second crash finds both); the old
+        # folder is left as it is (a copied run's original still owns it)
         try:
-            d.parent.mkdir(parents=True, exist_ok=True)
-            old.rename(d)
+            shutil.copytree(old, d)
         except OSError as e:
-            log.warning("partition %d: could not move its state from %s to %s (%s); read there",
+            log.warning("partition %d: could not copy its state from %s to %s (%s); read there",
                         partition_id, old, d, e)
             d = old
     if not d.is_dir() and not cfg.resume:  # a fresh run's first message: nothing to look for

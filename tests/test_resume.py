@@ -853,7 +853,8 @@ def test_rolled_back_state_is_never_kept_at_the_end_nor_from_before_attempts(tmp
     the crashed attempt's file as its newest at the end of the run, and an extension then set it
     aside and started over; (2) a file from before attempts filed in the round the server died in
     was restored when the partition was first asked later; (3) a renamed run that crashed again
-    in the same round found neither its old state nor its new."""
+    in the same round found neither its old state nor its new (its state is now copied to the
+    new name, and the old folder left to a copied run's original)."""
     from flwr.app import ConfigRecord, Context, RecordDict
 
     from flowerbed import client_state
@@ -880,6 +881,9 @@ def test_rolled_back_state_is_never_kept_at_the_end_nor_from_before_attempts(tmp
     assert client_state.restore(cfg, ctx(), "moved-3333333333", 0, 5, resumed_after=[4]) == 4
     file("moved-3333333333", 5, 1)  # the server died in round 5 again
     assert client_state.restore(cfg, ctx(), "moved-3333333333", 0, 5, resumed_after=[4, 4]) == 4  # (3)
+    # copied, not moved: a run folder copied with `cp -r` has the same run id, and the copy's
+    # resume took the original's state away from it (a third review)
+    assert client_state.restore(cfg, ctx(), "r-3333333333", 0, 5, resumed_after=[4]) == 4
 
 
 @pytest.mark.parametrize("method", ["scaffold", "ditto", "fedbyol"])

@@ -134,11 +134,13 @@ def target_partitions(cfg, num_partitions: int) -> list[np.ndarray]:
         return partition_indices(post.y.numpy(), cfg.partition, num_partitions, cfg.seed,
                                  min_partition_size=TARGET_MIN_SIZE, redraws=TARGET_SPLITS)
     except ConfigError as e:
+        why = ("the pool is too small" if e.key == "min-partition-size" else
+               f"no draw of {10 * TARGET_SPLITS} gave every client {TARGET_MIN_SIZE}")
         raise ConfigError("partition", str(cfg.partition), f"Fed-ADE's label-shift targets split "
                           f"the post-deployment pool ({len(post)} samples: 20 % of the training "
                           f"set) over {num_partitions} clients, at least {TARGET_MIN_SIZE} each, "
-                          f"and cannot: raise train-samples, raise alpha, or use fewer clients "
-                          f"(min-partition-size does not apply to it) [{e.allowed}]") from None
+                          f"and cannot ({why}): raise train-samples, raise alpha, or use fewer "
+                          "clients (min-partition-size does not apply to it)") from None
 
 
 def client_batch(cfg, partition_id: int, num_partitions: int, t: int
