@@ -163,7 +163,7 @@ def mixed_faults_cover_every_kind(cfg: Config, clients: int) -> set[str]:
 # methods whose faults take another's path: its strategy's aggregation and reply checks (the same
 # aggregate_train; test_fault_twins_share_the_server_path checks), and a client that differs only in
 # its local loss or in state it keeps the same way (FedAvg + another local step; the SSL methods on
-# SSLStrategy): each fault costs the matrix 3-5 s, mostly the 2 s timeout of the silent client
+# SSLStrategy): each method costs the matrix 1-3 s
 FAULT_TWINS = {"fedprox": "fedavg", "fedlc": "fedavg", "fedrs": "fedavg", "fedsam": "fedavg",
                "fedvls": "fedavg", "fedsimclr": "fedbyol", "fedu": "fedbyol", "fedmoco": "fedbyol",
                "fedprotocl": "fedbyol", "moon-unsup": "fedbyol", "fedct": "feddf"}
@@ -180,38 +180,26 @@ def test_fault_twins_share_the_server_path():
 def test_every_fault_kind_for_every_method(tmp_path, method):
     """Clients that raise, send NaN, send wrong shapes, or never answer: the run goes on while
     enough clients answer, and metrics.jsonl counts and names the failures per round."""
-    # seed 4, 4 clients, 2 rounds: two faults per round that cover all four kinds; one reply is
-    # enough to aggregate, so that a round goes on when a loaded machine (`make test` runs two
-    # pytest-xdist workers) holds a sound client past the 2 s timeout as well
+    # seed 4, 4 clients, 2 rounds: two faults per round that cover all four kinds. LocalGrid leaves
+    # out the reply of a client chosen to hang instead of waiting for it, so the timeout can be
+    # far beyond a sound client's time on a loaded machine (the CI of e22ef52 saw ATLAS's sound
+    # clients held past a 2 s timeout in both rounds: nothing aggregated)
     rc = config(tmp_path, method, "faults", **{"fault-fraction": 0.5, "seed": 4, "min-clients": 1,
-                                               "fault-kind": "mixed", "round-timeout": 2.0})
+                                               "fault-kind": "mixed", "round-timeout": 300.0})
     cfg = Config.from_run_config(rc)
     assert mixed_faults_cover_every_kind(cfg, 4) == set(faults.KINDS)  # the test's premise
     summary = run_inprocess(rc, 4)
     rows = read_metrics(tmp_path / "faults")[1:]
     reasons = " | ".join(f["reason"] for r in rows for f in r["failures"])
     chosen = {(r, p) for r in (1, 2) for p in range(4) if faults.chosen(cfg, p, r)}
-    # by phase too: a hung client's evaluation in the same round can time out as well (the
-    # clean-clone CI of 04af426 saw it for FedAvg-FT), and must not hide its training failure
     every = {(row["round"], f["partition"], f["phase"]): f["reason"] for row in rows for f in row["failures"]}
-    failed = {(r, p): reason for (r, p, phase), reason in every.items() if phase == "train"}
-    assert chosen <= set(failed), reasons  # every injected fault is counted and named
-    # anything else may only be a client too slow for the 2 s timeout on a loaded machine
-    slow = "no reply before timeout"
-    assert all(reason == slow for (r, p, phase), reason in every.items()
-               if (r, p) not in chosen or phase != "train"), reasons
-    assert summary["client-failures-total"] == len(every), reasons
-    # (clients-failed also counts evaluation failures: a loaded machine can hold a client's
-    # evaluation reply past the timeout too, as the clean-clone CI of c456abf saw for ATLAS)
-    assert all(r["clients-ok"] + sum(f["phase"] == "train" for f in r["failures"]) == r["clients-sampled"]
-               for r in rows)
-    needle = {"raise": "injected fault", "nan": "NaN", "shape": "shape", "hang": slow}
-    for r, p in chosen:  # each fault by its own reason; a faulty client that trains first (NaN,
-        # shape) may also be held past the timeout by a loaded machine (two pytest-xdist workers),
-        # one that raises or hangs never trains
+    assert set(every) == {(r, p, "train") for r, p in chosen}, reasons  # each fault counted, nothing else
+    assert summary["client-failures-total"] == len(chosen), reasons
+    assert all(r["clients-ok"] + len(r["failures"]) == r["clients-sampled"] for r in rows)
+    needle = {"raise": "injected fault", "nan": "NaN", "shape": "shape", "hang": "no reply before timeout"}
+    for r, p in chosen:  # each fault by its own reason
         kind = faults.kind_of(cfg, p, r)
-        assert needle[kind] in failed[r, p] or (kind in ("nan", "shape") and failed[r, p] == slow), (
-            r, p, kind, reasons)
+        assert needle[kind] in every[r, p, "train"], (r, p, kind, reasons)
 
 
 # ---------------------------------------------------------------------- hostile input
