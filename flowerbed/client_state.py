@@ -75,14 +75,22 @@ def attempt_of(server_round: int, resumed_after: list[int]) -> int:
     return sum(p < server_round for p in resumed_after)
 
 
+def _config_of(msg: Message) -> ConfigRecord:
+    return msg.content.config_records.get("config") or ConfigRecord()
+
+
 def resumed_after_of(msg: Message) -> list[int]:
     """The resume points a message names (none in a run never resumed)."""
-    cfg = msg.content.config_records.get("config")
-    return [int(p) for p in cfg.get("resumed-after", [])] if cfg is not None else []
+    return [int(p) for p in _config_of(msg).get("resumed-after", [])]
 
 
 def _name(server_round: int, attempt: int) -> str:
     return f"round-{server_round}.attempt-{attempt}.pt"
+
+
+def _put_arrays(context: Context, arrays: dict) -> None:
+    for k, v in arrays.items():
+        context.state[k] = v if isinstance(v, ArrayRecord) else ArrayRecord(v)
 
 
 def _records(context: Context) -> dict:
@@ -162,8 +170,7 @@ def restore(cfg: Config, context: Context, run_key: str, partition_id: int, serv
         except Exception as e:  # noqa: BLE001
             log.warning("partition %d: cannot read its state %s (%s)", partition_id, path, e)
             continue
-        for k, v in recs["arrays"].items():
-            context.state[k] = v if isinstance(v, ArrayRecord) else ArrayRecord(v)
+        _put_arrays(context, recs["arrays"])
         for k, v in recs["configs"].items():
             context.state[k] = ConfigRecord(v)
         for k, v in recs["metrics"].items():
@@ -188,17 +195,17 @@ def _filed_under_another_name(cfg: Config, run_key: str, partition_id: int) -> P
     return d
 
 
-def _rolled_back(r: int, a: int, before: int, resumed_after: list[int]) -> bool:
+def _rolled_back(r: int, a: int, before: int | None, resumed_after: list[int]) -> bool:
     """Whether state filed in round ``r`` by attempt ``a`` is not the run's: a later attempt ran
     that round (:func:`attempt_of`). A file from before attempts (``a`` < 0) counts for any
-    attempt, but not from round ``before`` on, nor after the last resume point (only the attempt
-    now running runs those, and it names its files)."""
+    attempt, but not from round ``before`` on (None: the run ended, no round is asked), nor after
+    the last resume point (only the attempt now running runs those, and it names its files)."""
     if a >= 0:
         return a != attempt_of(r, resumed_after)
-    return r >= before or (bool(resumed_after) and r > max(resumed_after))
+    return (before is not None and r >= before) or (bool(resumed_after) and r > max(resumed_after))
 
 
-def _abandon(d: Path, before: int, partition_id: int, resumed_after: list[int]) -> None:
+def _abandon(d: Path, before: int | None, partition_id: int, resumed_after: list[int]) -> None:
     """Set aside the state filed in rounds the run rolled back past (:func:`_rolled_back`).
     Left in place, a later restore could take one of them for the newest state from before
     its round."""
@@ -220,15 +227,13 @@ def _restore_releases(context: Context, d: Path, before: int) -> None:
         with contextlib.suppress(Exception):  # a damaged file: the next older one, or none
             arrays = decode(torch.load(f, map_location="cpu", weights_only=True))["arrays"]
             found = {k: v for k, v in arrays.items() if k.startswith(RELEASED)}
-            for k, v in found.items():
-                context.state[k] = v if isinstance(v, ArrayRecord) else ArrayRecord(v)
+            _put_arrays(context, found)
             if found:  # the newest file that has them: every later file carries them too
                 return
 
 
 def run_key_of(msg: Message) -> str:
-    cfg = msg.content.config_records.get("config")
-    return str(cfg.get("run-key", "")) if cfg is not None else ""
+    return str(_config_of(msg).get("run-key", ""))
 
 
 def prune(cfg: Config, run_key: str, resumed_after: list[int] | None = None) -> None:
@@ -240,8 +245,9 @@ def prune(cfg: Config, run_key: str, resumed_after: list[int] | None = None) -> 
     if base is None or not base.is_dir():
         return
     for d in base.glob("partition-*"):
-        with contextlib.suppress(ValueError):
-            _abandon(d, 2 ** 62, int(d.name.removeprefix("partition-")), list(resumed_after or []))
+        if not (m := re.fullmatch(r"partition-(\d+)", d.name)):
+            continue
+        _abandon(d, None, int(m.group(1)), list(resumed_after or []))
         kept = _filed(d)
         newest = kept[-1][0] if kept else -1
         # a file set aside up to the newest state's round: that state was filed after the

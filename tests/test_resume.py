@@ -780,8 +780,13 @@ def test_state_filed_in_the_rounds_a_resume_repeats_is_never_restored_later(tmp_
     assert second.state["c"]["round"] == 5 and "released.shared" in second.state.array_records
     assert (tmp_path / "run-a" / "partition-0" / "abandoned-round-6.attempt-0.pt").is_file()
     client_state.save(cfg, second, "run-a", 0, 8, 2)  # it trains on to the end
+    stray = tmp_path / "run-a" / "partition-0.copy"  # not a partition's folder: left alone
+    stray.mkdir()
+    (stray / "round-1.pt").write_bytes(b"")
+    (stray / "round-2.pt").write_bytes(b"")
     client_state.prune(cfg, "run-a", [5, 7])  # a finished run keeps its newest state only
     assert [p.name for p in (tmp_path / "run-a" / "partition-0").iterdir()] == ["round-8.attempt-2.pt"]
+    assert sorted(p.name for p in stray.iterdir()) == ["round-1.pt", "round-2.pt"]
 
 
 def test_a_client_restores_only_state_of_the_rounds_the_run_stands_on(tmp_path):
