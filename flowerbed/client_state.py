@@ -34,6 +34,7 @@ import contextlib
 import glob
 import hashlib
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
@@ -149,6 +150,7 @@ def restore(cfg: Config, context: Context, run_key: str, partition_id: int, serv
         # folder is left as it is (a copied run's original still owns it)
         try:
             shutil.copytree(old, d)
+            _copy_run_files(old.parent, d.parent)
         except OSError as e:
             log.warning("partition %d: could not copy its state from %s to %s (%s); read there",
                         partition_id, old, d, e)
@@ -179,6 +181,20 @@ def restore(cfg: Config, context: Context, run_key: str, partition_id: int, serv
         return r
     log.warning("partition %d: no readable state in %s; it starts without it", partition_id, d)
     return None
+
+
+def _copy_run_files(old: Path, new: Path) -> None:
+    """The files a run keeps beside its partitions' folders (FedXDS's D_g), each copied once:
+    through a temporary file of this process, so that a client of another process reads it
+    whole or not at all."""
+    for f in old.iterdir():
+        if f.is_file() and not f.name.startswith(".") and not (new / f.name).exists():
+            tmp = new / f".{f.name}.{os.getpid()}.tmp"
+            try:
+                shutil.copyfile(f, tmp)
+                os.replace(tmp, new / f.name)
+            finally:
+                tmp.unlink(missing_ok=True)
 
 
 def _filed_under_another_name(cfg: Config, run_key: str, partition_id: int) -> Path | None:

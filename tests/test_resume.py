@@ -925,7 +925,8 @@ def test_a_renamed_run_still_finds_its_clients_state(tmp_path):
     """Found by a review: the key is the folder's name plus the run id, so a run folder renamed
     (or moved aside by compare and resumed there) found none of its clients' state, and SCAFFOLD's
     c_i silently started again from zero. Restore now also looks for the run id under another
-    name; another run's state (another id) is never taken."""
+    name; another run's state (another id) is never taken. The files kept beside the partitions'
+    folders (FedXDS's D_g) come along: without them a FedXDS client sat out a round."""
     from flwr.app import ConfigRecord, Context, RecordDict
 
     from flowerbed import client_state
@@ -937,9 +938,13 @@ def test_a_renamed_run_still_finds_its_clients_state(tmp_path):
 
     client_state.save(cfg, ctx(RecordDict({"c": ConfigRecord({"round": 2})})), "r-0123abcdef", 0, 2)
     client_state.save(cfg, ctx(RecordDict({"c": ConfigRecord({"round": 9})})), "r-ffffffffff", 0, 2)
+    (tmp_path / "r-0123abcdef" / "fedxds-pool-d1.pt").write_bytes(b"D_g")
     resumed = ctx()
     assert client_state.restore(cfg.replace(resume="x"), resumed, "moved-0123abcdef", 0, 3) == 2
     assert resumed.state["c"]["round"] == 2
+    assert sorted(p.name for p in (tmp_path / "moved-0123abcdef").iterdir()) == ["fedxds-pool-d1.pt",
+                                                                                "partition-0"]
+    assert (tmp_path / "moved-0123abcdef" / "fedxds-pool-d1.pt").read_bytes() == b"D_g"
     assert client_state.restore(cfg.replace(resume="x"), ctx(), "moved-0000000000", 0, 3) is None
 
 
