@@ -662,26 +662,34 @@ class Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def signals_interrupt():
-    """While a command runs, SIGTERM and SIGHUP raise :class:`Terminated` (in the main thread
-    only, where Python delivers signals); the earlier handlers come back afterwards."""
+    """While a command runs, the first Ctrl-C (SIGINT) raises KeyboardInterrupt, the first SIGTERM
+    or SIGHUP :class:`Terminated`; from then on until the command returns, every further one is
+    noted, not raised: the way out is the clean-up (the run stopped on its SuperLink, our
+    processes stopped, each step bounded), and a second Ctrl-C that landed between two of its
+    steps left the SuperLink and the simulation running. An ignored one (nohup's SIGHUP) stays
+    ignored; the earlier handlers come back afterwards. Main thread only, where Python delivers
+    signals. (``engine.shielded`` guards the clean-ups that start without a signal.)"""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    watched = [s for s in (signal.SIGTERM, signal.SIGHUP)  # nohup's ignored SIGHUP stays so
+    watched = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
                if signal.getsignal(s) is not signal.SIG_IGN]
 
+    def note(signum, frame):
+        log.warning("still stopping (%s); a moment: nothing is left running", signal.Signals(signum).name)
+
     def interrupt(signum, frame):
-        for s in watched:  # a second one (a hangup often comes twice) must not cut the clean-up
-            signal.signal(s, signal.SIG_IGN)
-        raise Terminated(signum)
+        for s in watched:
+            signal.signal(s, note)
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
 
     old = {s: signal.signal(s, interrupt) for s in watched}
     try:
         yield
     finally:
         for s, handler in old.items():
-            signal.signal(s, handler)
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
 def main(argv: list[str] | None = None) -> int:

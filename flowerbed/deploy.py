@@ -213,7 +213,7 @@ def gpu_env(node: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": str(node % n)} if n > 1 else {}
 
 
-def flwr_cli(dep: Deployment, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+def flwr_cli(dep: Deployment, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
     """``flwr <args>`` against this deployment's connection."""
     try:
         return subprocess.run([_bin("flwr"), *args], env=flwr_env(dep.home), cwd=PROJECT,
@@ -370,7 +370,7 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
     return dep
 
 
-def wait_online(dep: Deployment, n: int, timeout: float = 90.0, since: float | None = None) -> None:
+def wait_online(dep: Deployment, n: int, timeout: float = 180.0, since: float | None = None) -> None:
     """Until ``n`` SuperNodes are online (that came online from ``since`` on, where given)."""
     t0 = time.time()
     seen = None

@@ -113,7 +113,7 @@ def port_open(host: str, port: int) -> bool:
 
 
 def wait_superlink(proc: subprocess.Popen, host: str, port: int, log_path: Path,
-                   timeout: float = 60.0) -> None:
+                   timeout: float = 180.0) -> None:
     """Wait until the SuperLink ``proc`` accepts connections on ``host:port``; if it exits
     first, a RuntimeError with the end of its log, if the port stays closed, a TimeoutError."""
     t0 = time.time()
@@ -610,7 +610,7 @@ def stop_run(home: Path, connection: str, run_id: str) -> None:
         # in a session of its own: a second Ctrl-C reaches the terminal's whole group, and
         # killed it (the run then trained on, on a deployment's SuperLink)
         res = subprocess.run([_bin("flwr"), "stop", run_id, connection], env=flwr_env(home),
-                             cwd=PROJECT, capture_output=True, text=True, timeout=30,
+                             cwd=PROJECT, capture_output=True, text=True, timeout=120,
                              start_new_session=True)
         ok = res.returncode == 0
     except (OSError, subprocess.TimeoutExpired):

@@ -22,14 +22,22 @@ def run_killing_node(dep: deploy.Deployment, rc: dict, log_file: Path, node: int
         s=deploy.run(dep, rc, quiet=True, log_file=log_file)))
     t.start()
     t0 = time.time()
-    while time.time() - t0 < 300 and not (
-            (run_dir / "metrics.jsonl").exists() and len(read_metrics(run_dir)) >= 2):
+    while not round_1_logged(run_dir):
+        assert time.time() - t0 < 900 and t.is_alive(), (
+            "round 1 was not logged: " + log_file.read_text(errors="replace")[-3000:])
         time.sleep(0.5)
     time.sleep(1.0)  # round 2's training messages are out
     deploy.kill_node(dep, node)
-    t.join(timeout=600)
+    t.join(timeout=1800)
     assert "s" in result, log_file.read_text()[-3000:]
     return result["s"], read_metrics(run_dir)
+
+
+def round_1_logged(run_dir: Path) -> bool:
+    try:
+        return len(read_metrics(run_dir)) >= 2
+    except (OSError, ValueError):  # not there yet, or a line read half-written
+        return False
 
 
 def assert_dropped(rows: list[dict], node: int, num_nodes: int) -> None:

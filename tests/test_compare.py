@@ -892,6 +892,39 @@ def test_review_of_the_session_s_own_fixes(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "cmp" / "results.json").exists()  # seed 1's rows: set aside
 
 
+
+def test_after_the_first_signal_the_rest_of_a_command_is_its_clean_up(caplog):
+    """From a review: a second Ctrl-C that landed between two of the clean-up's shielded steps
+    (after `flwr stop`, before the SuperLink's stop) raised there, and the SuperLink and the
+    simulation were left running. After the first SIGINT, SIGTERM or SIGHUP every further one
+    is noted until the command returns; the handlers before it come back."""
+    import os
+    import signal
+
+    class Raised(Exception):  # not a KeyboardInterrupt: a regression fails this test, not the session
+        pass
+
+    def raising(signum, frame):
+        raise Raised
+
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    for first in signals:
+        before = {s: signal.signal(s, raising) for s in signals}
+        try:
+            caplog.clear()
+            with pytest.raises(KeyboardInterrupt) as e, cli.signals_interrupt():
+                try:
+                    os.kill(os.getpid(), first)
+                finally:  # the clean-up on the way out
+                    for s in signals:
+                        os.kill(os.getpid(), s)
+            assert isinstance(e.value, cli.Terminated) is (first != signal.SIGINT)
+            assert caplog.text.count("still stopping") == 3, caplog.text
+            assert all(signal.getsignal(s) is raising for s in signals)
+        finally:
+            for s, handler in before.items():
+                signal.signal(s, handler)
+
 def test_table_of_runs_made_separately(tmp_path, capsys, caplog):
     """`flowerbed table` puts real runs made apart (here in-process, as `flowerbed run` or a
     deployment leaves them) into one comparison, and refuses runs on other data."""

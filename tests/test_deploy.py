@@ -467,7 +467,8 @@ def run_every_method(deployment, out) -> dict:
     def one(method):
         rounds = rounds_of(method)
         rc = {**SMALL, **EXTRA.get(method, {}), "method": method, "output-dir": str(out),
-              "run-name": method, "num-server-rounds": rounds, "eval-every": rounds}
+              "run-name": method, "num-server-rounds": rounds, "eval-every": rounds,
+              "round-timeout": 3600.0}  # 8 runs at once on 2 cores: a phase can take minutes
         if method not in EVALUATED:  # spare CI the evaluation messages where nothing checks them
             rc["fraction-evaluate"] = 0.0
         try:
@@ -689,7 +690,7 @@ def test_stop_group_gives_the_leaders_children_their_grace_period():
     from flowerbed.engine import _group_alive, stop_group
 
     marker = f"/tmp/flowerbed-grace-{os.getpid()}"
-    script = (f"(trap 'sleep 1; touch {marker}; exit 0' TERM; sleep 30 & wait) & "
+    script = (f"(trap 'sleep 1; : > {marker}; exit 0' TERM; sleep 30 & wait) & "
               "trap 'exit 0' TERM; sleep 30 & wait")
     leader = subprocess.Popen(["bash", "-c", script], start_new_session=True)
     assert len(children_started(leader.pid, 3)) == 3  # the subshell and both sleeps: the traps are set

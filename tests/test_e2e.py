@@ -47,7 +47,7 @@ def test_plain_flwr_run_against_flowerbed_superlink(tmp_path):
     try:
         subprocess.run([engine._bin("flwr"), "run", str(engine.PROJECT), "--stream", "--run-config",
                         str(preset), "--federation-config", "num-supernodes=2 client-resources-num-cpus=1"],
-                       env=engine.flwr_env(home), check=True, timeout=300, capture_output=True)
+                       env=engine.flwr_env(home), check=True, timeout=900, capture_output=True)
     finally:
         pid = engine.superlink_down(home=home)
     assert (tmp_path / "plain" / "summary.json").is_file()
@@ -120,7 +120,7 @@ def test_compare_over_seeds_through_the_cli(tmp_path):
     small = " ".join(f"{k}={v}" for k, v in SMALL.items())
     done = subprocess.run([engine._bin("flowerbed"), "compare", "--methods", "fedavg", "--seeds", "0,1",
                            "--num-clients", "3", "--out", str(tmp_path), "-c", small],
-                          check=True, timeout=400, capture_output=True, text=True, cwd=engine.PROJECT)
+                          check=True, timeout=1800, capture_output=True, text=True, cwd=engine.PROJECT)
     # each run's progress on the console, one line a round (the rest goes to its log file)
     assert done.stdout.count("\nfedavg [round 2/2] acc ") == 2, done.stdout
     runs = [json.loads((tmp_path / f"seed-{s}" / "fedavg" / "summary.json").read_text()) for s in (0, 1)]
