@@ -541,7 +541,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             print(f"the SuperLink is gone: restart with `flowerbed deploy down{deploy.home_option(home)}`, "
                   "then `up`")
         else:
-            print(f"SuperNodes online (flwr supernode list): {deploy.online_nodes(dep)}")
+            n = deploy.online_nodes(dep)
+            print(f"SuperNodes online (flwr supernode list): "
+                  f"{'unknown (the SuperLink did not answer)' if n is None else n}")
     elif not (Path(home).expanduser() / "pids.json").exists():  # as `superlink down`: not an error
         print(f"no deployment was started from {Path(home).expanduser().resolve()}: nothing to stop")
     else:
@@ -677,7 +679,9 @@ def signals_interrupt():
                if signal.getsignal(s) is not signal.SIG_IGN]
 
     def note(signum, frame):
-        log.warning("still stopping (%s); a moment: nothing is left running", signal.Signals(signum).name)
+        log.warning("still stopping (%s); a moment", signal.Signals(signum).name)
+
+    note.notes_only = True  # (engine.shielded: not a signal to pass on after its clean-up)
 
     def interrupt(signum, frame):
         for s in watched:

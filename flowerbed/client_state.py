@@ -37,6 +37,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -150,11 +151,16 @@ def restore(cfg: Config, context: Context, run_key: str, partition_id: int, serv
         # folder is left as it is (a copied run's original still owns it)
         try:
             shutil.copytree(old, d)
-            _copy_run_files(old.parent, d.parent)
         except OSError as e:
             log.warning("partition %d: could not copy its state from %s to %s (%s); read there",
                         partition_id, old, d, e)
             d = old
+        else:
+            try:
+                _copy_run_files(old.parent, d.parent)
+            except OSError as e:  # D_g: the server sends it again when a client lacks it
+                log.warning("partition %d: could not copy the run's files from %s (%s)",
+                            partition_id, old.parent, e)
     if not d.is_dir() and not cfg.resume:  # a fresh run's first message: nothing to look for
         return None
     before = server_round + evaluating
@@ -189,12 +195,13 @@ def _copy_run_files(old: Path, new: Path) -> None:
     whole or not at all."""
     for f in old.iterdir():
         if f.is_file() and not f.name.startswith(".") and not (new / f.name).exists():
-            tmp = new / f".{f.name}.{os.getpid()}.tmp"
+            fd, tmp = tempfile.mkstemp(dir=new, prefix=f".{f.name}.", suffix=".tmp")
+            os.close(fd)
             try:
                 shutil.copyfile(f, tmp)
                 os.replace(tmp, new / f.name)
             finally:
-                tmp.unlink(missing_ok=True)
+                Path(tmp).unlink(missing_ok=True)
 
 
 def _filed_under_another_name(cfg: Config, run_key: str, partition_id: int) -> Path | None:

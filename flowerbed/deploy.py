@@ -227,7 +227,10 @@ def online_nodes(dep: Deployment, since: float | None = None) -> int | None:
     """How many SuperNodes the SuperLink sees online (``flwr supernode list``), None if unknown;
     with ``since`` (a time.time()), only those that came online from then on (the SuperLink's
     state.db outlives a deployment, and lists an earlier one's nodes online for about a minute)."""
-    res = flwr_cli(dep, "supernode", "list", CONNECTION, "--format", "json")
+    try:
+        res = flwr_cli(dep, "supernode", "list", CONNECTION, "--format", "json", timeout=30.0)
+    except DeployError:  # a loaded SuperLink: ask again
+        return None
     with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError):
         nodes = json.loads(res.stdout)["nodes"]
         return sum(1 for n in nodes if str(n.get("status", "")).lower() == "online"

@@ -425,9 +425,14 @@ def shielded(what: str) -> Iterator[None]:
         yield
         return
 
+    pending: list[int] = []
+
     def note(signum, frame):
         log.warning("still stopping %s; a moment (it is not left running)", what)
+        if not getattr(old[signum], "notes_only", False):
+            pending.append(signum)
 
+    note.notes_only = True
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     for s, handler in old.items():
         if handler is not signal.SIG_IGN:
@@ -437,6 +442,8 @@ def shielded(what: str) -> Iterator[None]:
     finally:
         for s, handler in old.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+    if pending:  # a clean-up that did not start from a signal (a run's normal end): one that came
+        signal.raise_signal(pending[0])  # during it is obeyed now, not dropped (the command went on)
 
 
 def toml_value(v: Any) -> str:
@@ -610,7 +617,7 @@ def stop_run(home: Path, connection: str, run_id: str) -> None:
         # in a session of its own: a second Ctrl-C reaches the terminal's whole group, and
         # killed it (the run then trained on, on a deployment's SuperLink)
         res = subprocess.run([_bin("flwr"), "stop", run_id, connection], env=flwr_env(home),
-                             cwd=PROJECT, capture_output=True, text=True, timeout=120,
+                             cwd=PROJECT, capture_output=True, text=True, timeout=60,
                              start_new_session=True)
         ok = res.returncode == 0
     except (OSError, subprocess.TimeoutExpired):

@@ -130,7 +130,7 @@ def cfg() -> Config:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Let in-process clients that outlived their round ("hang" faults) finish before exit."""
+    """Let in-process clients that outlived their round (slower than its timeout) finish before exit."""
     import sys
 
     for worker in getattr(sys.modules.get("inprocess"), "STRAGGLERS", []):

@@ -23,7 +23,7 @@ def run_killing_node(dep: deploy.Deployment, rc: dict, log_file: Path, node: int
     t.start()
     t0 = time.time()
     while not round_1_logged(run_dir):
-        assert time.time() - t0 < 900 and t.is_alive(), (
+        assert (time.time() - t0 < 900 and t.is_alive()) or round_1_logged(run_dir), (
             "round 1 was not logged: " + log_file.read_text(errors="replace")[-3000:])
         time.sleep(0.5)
     time.sleep(1.0)  # round 2's training messages are out

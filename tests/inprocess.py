@@ -33,6 +33,7 @@ class LocalGrid(Grid):
                                            **(node_extra[i] if node_extra else {})},
                               state=RecordDict(), run_config=dict(run_config))
             for i in range(num_nodes)}
+        self.timeouts: list[tuple[str, float | None]] = []  # (message type, timeout) a call was given
 
     def set_run(self, run) -> None:  # noqa: D102
         pass
@@ -56,6 +57,8 @@ class LocalGrid(Grid):
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
                          ) -> Iterable[Message]:
         replies = []
+        messages = list(messages)
+        self.timeouts += [(m.metadata.message_type, timeout) for m in messages]
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
             ctx = self.contexts[msg.metadata.dst_node_id]

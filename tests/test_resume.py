@@ -169,6 +169,19 @@ FAULT_TWINS = {"fedprox": "fedavg", "fedlc": "fedavg", "fedrs": "fedavg", "fedsa
                "fedprotocl": "fedbyol", "moon-unsup": "fedbyol", "fedct": "feddf"}
 
 
+def test_a_hanging_client_answers_only_after_the_round_timeout(monkeypatch):
+    """(The fault matrix's in-process grid leaves a hanging client out instead of waiting.)"""
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    slept = []
+    monkeypatch.setattr(faults.time, "sleep", slept.append)
+    cfg = Config.from_run_config({"fault-fraction": 1.0, "fault-kind": "hang", "round-timeout": 5.0})
+    msg = Message(RecordDict({"config": ConfigRecord({"server-round": 1})}), dst_node_id=1,
+                  message_type="train")
+    assert faults.inject(cfg, 0, msg, lambda: "the reply") == "the reply"
+    assert slept == [6.0]
+
+
 def test_fault_twins_share_the_server_path():
     for method, twin in FAULT_TWINS.items():
         assert METHODS[method].strategy.aggregate_train is METHODS[twin].strategy.aggregate_train, method
@@ -188,7 +201,12 @@ def test_every_fault_kind_for_every_method(tmp_path, method):
                                                "fault-kind": "mixed", "round-timeout": 300.0})
     cfg = Config.from_run_config(rc)
     assert mixed_faults_cover_every_kind(cfg, 4) == set(faults.KINDS)  # the test's premise
-    summary = run_inprocess(rc, 4)
+    from inprocess import LocalGrid
+
+    grid = LocalGrid(cfg.to_run_config(), 4)
+    summary = server_app.run(grid, cfg)
+    # the rounds wait round-timeout for replies (what lets a real hanging client not hold them)
+    assert {t for kind, t in grid.timeouts if kind in ("train", "evaluate")} == {300.0}
     rows = read_metrics(tmp_path / "faults")[1:]
     reasons = " | ".join(f["reason"] for r in rows for f in r["failures"])
     chosen = {(r, p) for r in (1, 2) for p in range(4) if faults.chosen(cfg, p, r)}
