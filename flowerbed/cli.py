@@ -443,13 +443,17 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from flowerbed import certs, deploy
 
     check_deploy_options(args)
-    home = Path(args.home) if args.home else deploy.DEFAULT_HOME
+    home = Path(args.home).expanduser() if args.home else deploy.DEFAULT_HOME
     if args.action in ("certs", "node-key", "up"):  # (a file there: a bare OSError after the work)
         writable_folder("--home", home)
     args.address = args.address or DEPLOY_ADDRESS
     args.port = args.port or DEPLOY_PORT
     if args.action in ("certs", "up"):  # a certificate may name a host only the clients resolve
         deploy.check_address(args.address, resolve=args.action == "up")
+        for h in args.host:
+            deploy.check_address(h, resolve=False, option="--host")
+        if args.host_bind:
+            deploy.check_address(args.host_bind, resolve=False, option="--host-bind")
     if args.action == "certs":
         hosts = list(dict.fromkeys([*certs.DEFAULT_HOSTS, args.address, *args.host]))
         out = writable_folder("--out", args.out or home / "certs")

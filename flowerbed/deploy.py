@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -265,8 +266,9 @@ def register_node(dep: Deployment, i: int) -> None:
 WILDCARD = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 
-def check_address(address: str, resolve: bool = True) -> None:
-    """``--address``: a host name or IP address without a port (that this machine resolves)."""
+def check_address(address: str, resolve: bool = True, option: str = "--address") -> None:
+    """``--address`` (or ``option``): a host name or IP address without a port (that this
+    machine resolves)."""
     import socket
 
     from flowerbed.config import ConfigError
@@ -274,14 +276,17 @@ def check_address(address: str, resolve: bool = True) -> None:
     if certs.ip_of(address) is not None:
         return
     host = address.strip("[]")
-    if ":" in host:
-        raise ConfigError("--address", address, "a host name or IP address, without the port "
+    if ":" in host and "/" not in host:
+        raise ConfigError(option, address, "a host name or IP address, without the port "
                           "(give the port with --port)")
+    if not re.fullmatch(r"[A-Za-z0-9]([\w.-]*[A-Za-z0-9])?", host, re.ASCII) or ".." in host:
+        raise ConfigError(option, address, "a host name (letters, digits, '-', '_' and '.') or an IP "
+                          "address, with no scheme or path")
     try:
         if resolve:
             socket.getaddrinfo(host, None)
     except OSError as e:
-        raise ConfigError("--address", address, f"this machine cannot resolve it ({e})") from None
+        raise ConfigError(option, address, f"this machine cannot resolve it ({e})") from None
 
 
 def with_port(host: str, port: int) -> str:
@@ -341,6 +346,11 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
         # the other process's listener would answer for ours, and our SuperNodes join its federation
         raise DeployError(f"port {port} is in use on {answered} (another SuperLink or deployment?); "
                           "stop it or pick another with --port")
+    if not ((ip := certs.ip_of(host)) is not None and ip.is_loopback or host == "localhost"):
+        log.warning("the SuperLink listens on %s: anyone who reaches port %d there can submit runs "
+                    "(code on the SuperLink and every SuperNode) and register SuperNode keys; TLS "
+                    "and --auth do not stop that. Open the port only to the federation's machines "
+                    "(README: Deploy on several machines)", host or "every interface", port)
     dep.home.mkdir(parents=True, exist_ok=True)  # (a refused `up` leaves no new home behind)
     if not dep.insecure and not server_cert.exists():
         certs.make_certs(dep.certs, [*certs.DEFAULT_HOSTS, *wanted])

@@ -277,11 +277,22 @@ def test_seed_tables_show_a_streams_mean_accuracy_failures_and_skipped_rounds():
     (["deploy", "run", "--address", "10.0.0.5"], "only `deploy certs / up` reads it"),
     (["deploy", "down", "--port", "9000"], "only `deploy up` reads it, not `deploy down`"),
     (["deploy", "export-data", "--home", "h"], "not `deploy export-data`"),
+    # from a review: a certificate named '10.0.0.5:8000' as a DNS name, and SuperNodes failed later
+    (["deploy", "certs", "--host", "10.0.0.5:8000"], "'--host' = '10.0.0.5:8000'"),
+    (["deploy", "certs", "--host", "https://10.0.0.5"], "with no scheme or path"),
+    (["deploy", "up", "--host-bind", "bad name!"], "'--host-bind' = 'bad name!'"),
 ])
 def test_malformed_command_lines_get_one_line_not_a_traceback(argv, said, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_deploy_home_with_a_tilde_is_the_users_home(capsys):
+    """From a review: `deploy down --home ~/dep` (quoted, so the shell left the ~) looked in a
+    folder named '~' here, while `superlink` expanded it."""
+    assert cli.main(["deploy", "down", "--home", "~/flowerbed-no-such-deployment"]) == 0
+    assert str(Path.home() / "flowerbed-no-such-deployment") in capsys.readouterr().out
 
 
 def test_a_port_out_of_range_is_refused_by_the_parser(capsys):

@@ -633,6 +633,22 @@ def test_deploy_bookkeeping_survives_reused_pids_damage_and_hangs(tmp_path, monk
         deploy.register_node(dep, 0)
 
 
+def test_up_warns_when_the_superlink_listens_beyond_the_loopback(tmp_path, monkeypatch, caplog):
+    """From a review: Flower's open-source SuperLink checks no account on its Control API, so
+    whoever reaches the port can run code; TLS and --auth do not stop that, and nothing said so."""
+    def no_process(*a, **k):
+        raise RuntimeError("no process in this test")
+
+    monkeypatch.setattr(deploy, "spawn", no_process)
+    for host, warned in (("127.0.0.1", False), ("0.0.0.0", True)):
+        caplog.clear()
+        dep = deploy.Deployment(home=tmp_path / host, address=f"127.0.0.1:{engine.free_port()}",
+                                insecure=True)
+        with pytest.raises(RuntimeError, match="no process"):
+            deploy.up(dep, 1, host=host)
+        assert ("anyone who reaches port" in caplog.text) is warned, caplog.text
+
+
 def test_an_expired_certificate_is_refused_before_anything_starts(tmp_path):
     certs.make_certs(tmp_path / "certs", list(certs.DEFAULT_HOSTS), days=0)  # expired 5 min ago
     with pytest.raises(deploy.DeployError, match="expired on .*flowerbed deploy certs"):

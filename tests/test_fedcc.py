@@ -95,6 +95,9 @@ def test_public_set_is_fixed_unlabelled_and_disjoint():
         Config.from_run_config({"method": "fedcc"})
     with pytest.raises(ConfigError, match="'public-fraction'.*no public sample out of 1200"):
         train_set(Config.from_run_config({**SMALL, "public-fraction": 0.0004}))
+    # (from a review: it blamed num-partitions, 'more clients than training samples (0)')
+    with pytest.raises(ConfigError, match="'public-fraction'.*takes all 1200 training samples"):
+        train_set(Config.from_run_config({**SMALL, "public-fraction": 0.9999}))
 
 
 def test_pathological_one_class_each_all_classes_equal_counts():

@@ -51,6 +51,27 @@ def test_truncated_idx_is_a_clear_error(tmp_path):
         read_idx(tmp_path / "bad")
 
 
+def test_damaged_files_and_foreign_contents_are_clear_errors(tmp_path):
+    """From a review: a damaged (not truncated) .gz raised zlib.error, a traceback; labels out of
+    range or images of another shape failed inside training, far from the file."""
+    p = tmp_path / "t10k-images-idx3-ubyte.gz"
+    write_idx(p, rng.integers(0, 256, (50, 28, 28)))
+    raw = bytearray(p.read_bytes())
+    raw[40:400] = bytes(360)  # the deflate stream, zeroed
+    p.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match="cannot read IDX file .*t10k-images"):
+        read_idx(p)
+    for name, x, y in (("labels", rng.integers(0, 256, (20, 28, 28)), np.arange(20) % 12),
+                       ("shape", rng.integers(0, 256, (20, 32, 32)), np.arange(20) % 10)):
+        root = tmp_path / name
+        root.mkdir()
+        write_idx(root / "t10k-images-idx3-ubyte", x)
+        write_idx(root / "t10k-labels-idx1-ubyte", y)
+        with pytest.raises(DataError, match={"labels": "labels from 0 to 11, outside 0-9",
+                                             "shape": r"images of shape \(1, 32, 32\)"}[name]):
+            load_dataset("fashion-mnist", train=False, data_root=str(root))
+
+
 def test_debian_fashion_mnist_is_the_default():
     ds = load_dataset("fashion-mnist", train=False)
     assert len(ds) == 10000 and ds.shape == (1, 28, 28)
@@ -178,3 +199,25 @@ def test_a_data_root_without_the_files_says_what_it_read_instead(tmp_path, caplo
     assert len(ds) == 10000
     assert f"data-root {tmp_path} holds no fashion-mnist IDX files (t10k-images-idx3-ubyte" in caplog.text
     assert f"read {DEBIAN} instead" in caplog.text
+
+
+def test_a_download_cannot_hang_for_ever(tmp_path, monkeypatch):
+    """From a review: torchvision opens its URLs without a timeout, so a host that drops packets
+    (a firewall) held a download for ever; it runs under a 60 s socket timeout, restored after."""
+    import socket
+
+    import torchvision.datasets as tvd
+
+    from flowerbed.datasets import loading
+
+    seen = []
+
+    def stalled(**kwargs):
+        seen.append(socket.getdefaulttimeout())
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(tvd, "MNIST", stalled)
+    before = socket.getdefaulttimeout()
+    with pytest.raises(DataError, match="download of MNIST .* failed .TimeoutError: timed out"):
+        loading._torchvision_download("MNIST", tmp_path / "m", train=True)
+    assert seen == [60.0] and socket.getdefaulttimeout() == before

@@ -47,6 +47,9 @@ def public_indices(cfg: Config) -> np.ndarray:
     if cfg.public_fraction > 0 and k < 1:
         raise ConfigError("public-fraction", cfg.public_fraction, f"gives no public sample out of "
                           f"{n} training samples: raise it (or train-samples)")
+    if k >= n:
+        raise ConfigError("public-fraction", cfg.public_fraction, f"takes all {n} training samples "
+                          "and leaves the clients none: lower it")
     return np.sort(np.random.default_rng([cfg.seed, 3]).permutation(n)[:k])
 
 

@@ -12,7 +12,9 @@ import dataclasses
 import functools
 import gzip
 import logging
+import socket
 import warnings
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,6 +106,12 @@ def _load_cached(name: str, train: bool, data_root: str) -> DataSet:
         x = x[:, None]
     if len(x) != len(y) or len(y) == 0:
         raise DataError(f"{name}: {len(x)} images but {len(y)} labels")
+    if tuple(x.shape[1:]) != IMAGE_SHAPES[name]:
+        raise DataError(f"{name}: images of shape {tuple(x.shape[1:])}, not {IMAGE_SHAPES[name]} "
+                        "(another data set's files?)")
+    if not 0 <= int(y.min()) <= int(y.max()) < NUM_CLASSES[name]:
+        raise DataError(f"{name}: labels from {int(y.min())} to {int(y.max())}, outside 0-"
+                        f"{NUM_CLASSES[name] - 1} (damaged files, or another data set's)")
     ds = DataSet(name, x.contiguous(), y.long(), NUM_CLASSES[name])
     log.info("loaded %s %s: %d samples of shape %s", name, "train" if train else "test", len(ds),
              tuple(ds.shape))
@@ -127,7 +135,7 @@ def read_idx(path: Path) -> np.ndarray:
     try:
         with opener(path, "rb") as f:
             raw = f.read()
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, zlib.error) as e:  # zlib: damaged compressed data
         raise DataError(f"cannot read IDX file {path}: {e}") from e
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
         raise DataError(f"{path} is not an unsigned-byte IDX file (bad magic number)")
@@ -199,13 +207,17 @@ def _check_idx_identity(name: str, x: np.ndarray, path: Path) -> None:
 def _torchvision_download(cls_name: str, root: Path, **kwargs) -> object:
     import torchvision.datasets as tvd
 
-    try:
+    timeout = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(60.0)  # torchvision's urlopen has none: a host that drops packets
+    try:  # (a firewall) held a connection, or a stalled read, for ever
         root.mkdir(parents=True, exist_ok=True)
         return getattr(tvd, cls_name)(root=str(root), download=True, **kwargs)
     except Exception as e:  # noqa: BLE001 - network errors come in many types
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         raise DataError(f"download of {cls_name} into {root} failed ({type(e).__name__}: {first})"
                         ) from e
+    finally:
+        socket.setdefaulttimeout(timeout)
 
 
 def _load_fashion_mnist(name: str, train: bool, root: Path | None):
