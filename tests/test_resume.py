@@ -448,20 +448,19 @@ def test_nodes_that_never_say_their_partition_are_a_clear_error(tmp_path):
     from flowerbed.strategies.base import WHOAMI
 
     class SilentGrid(LocalGrid):
-        timeouts: list = []
-
         def send_and_receive(self, messages, *, timeout=None):
             messages = list(messages)
             if all(m.metadata.message_type == WHOAMI for m in messages):
-                self.timeouts.append(timeout)
+                self.timeouts.append((WHOAMI, timeout))  # (LocalGrid's record of the calls)
                 return []
             return super().send_and_receive(messages, timeout=timeout)
 
     cfg = Config.from_run_config(config(tmp_path, "fedavg", "silent", **{"round-timeout": 7.0}))
+    grid = SilentGrid(cfg.to_run_config(), 2)
     with pytest.raises(TimeoutError, match=r"none of the 2 connected nodes said which partition "
                                            r"it serves \(the 'query.whoami' message\) within 7 s"):
-        server_app.run(SilentGrid(cfg.to_run_config(), 2), cfg)
-    assert SilentGrid.timeouts == [7.0]
+        server_app.run(grid, cfg)
+    assert grid.timeouts == [(WHOAMI, 7.0)]
 
 
 def test_nodes_that_all_fail_whoami_name_their_error(tmp_path, monkeypatch):
