@@ -480,6 +480,28 @@ def test_nodes_that_all_fail_whoami_name_their_error(tmp_path, monkeypatch):
         server_app.run(LocalGrid(cfg.to_run_config(), 2), cfg)
 
 
+def test_a_node_with_another_copy_of_the_data_is_refused_before_round_1(tmp_path):
+    """From a review: each node splits its own copy of the data set by the shared seed, so a node
+    whose copy differed (other files, another order, a subset) trained on a partition that
+    overlapped the others' or missed samples, and nothing said so. The same files at another
+    path are fine."""
+    from flowerbed.datasets.loading import DEBIAN_FASHION_MNIST, write_idx
+
+    other = tmp_path / "data" / "other"  # (apart from the runs: a run named 'same' in a folder
+    rng = np.random.default_rng(0)      # that links to the data set would write there)
+    for prefix, n in (("train", 1000), ("t10k", 300)):
+        write_idx(other / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28)))
+        write_idx(other / f"{prefix}-labels-idx1-ubyte", np.arange(n) % 10)
+    same = tmp_path / "data" / "same"
+    same.symlink_to(DEBIAN_FASHION_MNIST)
+    rc = config(tmp_path, "fedavg", "mixed", **{"num-server-rounds": 1})
+    with pytest.raises(ConfigError, match=r"'data-root' = \"node 1001's\" is invalid: its copy of the "
+                                          r"training set differs from the server's"):
+        run_inprocess(rc, 2, node_extra=[{}, {"data-root": str(other)}])
+    run_inprocess(config(tmp_path, "fedavg", "same", **{"num-server-rounds": 1}), 2,
+                  node_extra=[{}, {"data-root": str(same)}])
+
+
 def test_flwr_run_killed_then_resumed_through_the_real_engine(superlink, tmp_path, capsys):
     """The real path (simulation engine): `flwr run` whose ServerApp dies after round 1, then
     `resume=<run-dir>`, gives the metrics of an uninterrupted run. Clients fail too (an injected

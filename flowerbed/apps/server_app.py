@@ -26,7 +26,7 @@ from flowerbed.config import (
     reads,
 )
 from flowerbed.datasets.federated import client_partitions, full_train, split_settings, test_set, train_set
-from flowerbed.datasets.partition import warn_unheld
+from flowerbed.datasets.partition import labels_digest, warn_unheld
 from flowerbed.registry import METHODS
 from flowerbed.results import (
     RunDir,
@@ -283,6 +283,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
     train, test = train_set(cfg), test_set(cfg)
     wait_for_nodes(grid, cfg.min_clients)
     strategy = method.strategy(cfg)
+    strategy.train_labels = labels_digest(train.y)  # what every node's seeded split must be made from
     num_partitions = strategy.discover(grid, wait_all=60.0, timeout=cfg.round_timeout)
     if num_partitions == 0:
         nodes = len(list(grid.get_node_ids()))

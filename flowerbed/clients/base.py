@@ -13,8 +13,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from torch import nn
 
 from flowerbed.config import Config
-from flowerbed.datasets.federated import EXPORT_KEYS, client_data, folder_meta
+from flowerbed.datasets.federated import EXPORT_KEYS, client_data, folder_meta, train_set
 from flowerbed.datasets.loading import DataSet
+from flowerbed.datasets.partition import labels_digest
 from flowerbed.models import build_model
 from flowerbed.training import (
     configure_threads,
@@ -126,6 +127,8 @@ class Client:
                              "num-train": len(self.train_data), "num-test": len(self.test_data),
                              "device": str(self.device), "data-dir": self.data_dir,
                              "exported-with": json.dumps({k: meta[k] for k in EXPORT_KEYS if k in meta}),
+                             # the training set it split (the seeded split): the server's must match
+                             "train-labels": "" if self.data_dir else labels_digest(train_set(self.cfg).y),
                              **self.whoami_extra()})
         log.info("client partition %d/%d on %s: %s", self.partition_id, self.num_partitions,
                  self.device, self.data_line())

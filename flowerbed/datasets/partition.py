@@ -32,12 +32,18 @@ def partition_indices(labels: np.ndarray, partition: Partition, num_partitions: 
     when the split is impossible.
     """
     labels = np.asarray(labels)
-    key = (hashlib.sha256(labels.astype(np.int64).tobytes()).hexdigest(), str(partition),
+    key = (labels_digest(labels), str(partition),
            int(num_partitions), int(seed), int(min_partition_size), *([int(redraws)] if redraws > 1 else []))
     if key not in _CACHE:
         _CACHE[key] = _on_disk(key, lambda: _redrawn(labels, partition, num_partitions, seed,
                                                      min_partition_size, redraws))
     return [p.copy() for p in _CACHE[key]]
+
+
+def labels_digest(labels: np.ndarray) -> str:
+    """sha256 of a label sequence: what a seeded split depends on (the same files in the same
+    order give the same split on every machine)."""
+    return hashlib.sha256(np.asarray(labels).astype(np.int64).tobytes()).hexdigest()
 
 
 def _redrawn(labels, partition, num_partitions, seed, min_size, redraws) -> tuple[np.ndarray, ...]:

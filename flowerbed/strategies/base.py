@@ -188,6 +188,7 @@ class FlowerbedFedAvg(FedAvg):
         self.round_asked = 0  # the round whose sampling asks new nodes their partition
         self.unanswered: dict[int, int] = {}  # node -> the round its whoami last went unused
         self.whoami_error: str | None = None  # the last error a node replied to whoami
+        self.train_labels: str = ""  # digest of the server's training labels (labels_digest)
         self.round = RoundLog()
         self.model: torch.nn.Module | None = None  # the global model's network, set by the ServerApp
         self._sent: list[Message] = []
@@ -251,6 +252,14 @@ class FlowerbedFedAvg(FedAvg):
                                       f"other nodes ({self.num_partitions})")
             elif not 0 <= pid < num:
                 problem = ConfigError("partition-id", pid, f"must be in [0, {num}) (node {node})")
+            elif self.train_labels and (theirs := str(info.get("train-labels", ""))) not in (
+                    "", self.train_labels):  # (a node with its own data folder, or an older one: none)
+                problem = ConfigError("data-root", f"node {node}'s", "its copy of the training set "
+                                      "differs from the server's (other files, another order or "
+                                      f"subset; its labels' sha256 {theirs[:12]}, the server's "
+                                      f"{self.train_labels[:12]}), so its seeded partition would "
+                                      "overlap the others' or miss samples: give every node the "
+                                      "same files")
             if problem and not self.running:  # a misconfigured federation: stop before round 1
                 raise problem
             if problem:  # a node that joins a running federation: the run goes on without it
