@@ -279,7 +279,9 @@ def check_address(address: str, resolve: bool = True, option: str = "--address")
     if ":" in host and "/" not in host:
         raise ConfigError(option, address, "a host name or IP address, without the port "
                           "(give the port with --port)")
-    if not re.fullmatch(r"[A-Za-z0-9]([\w.-]*[A-Za-z0-9])?", host, re.ASCII) or ".." in host:
+    # a certificate may also name a wildcard (*.example.org) or a rooted name (host.example.org.)
+    name = host.removeprefix("*.").rstrip(".") if option == "--host" else host
+    if not re.fullmatch(r"[A-Za-z0-9]([\w.-]*[A-Za-z0-9])?", name, re.ASCII) or ".." in name:
         raise ConfigError(option, address, "a host name (letters, digits, '-', '_' and '.') or an IP "
                           "address, with no scheme or path")
     try:

@@ -280,6 +280,7 @@ def test_seed_tables_show_a_streams_mean_accuracy_failures_and_skipped_rounds():
     # from a review: a certificate named '10.0.0.5:8000' as a DNS name, and SuperNodes failed later
     (["deploy", "certs", "--host", "10.0.0.5:8000"], "'--host' = '10.0.0.5:8000'"),
     (["deploy", "certs", "--host", "https://10.0.0.5"], "with no scheme or path"),
+    (["deploy", "certs", "--host", "*.example.org", "--host", "a..b"], "'--host' = 'a..b'"),
     (["deploy", "up", "--host-bind", "bad name!"], "'--host-bind' = 'bad name!'"),
 ])
 def test_malformed_command_lines_get_one_line_not_a_traceback(argv, said, capsys):

@@ -258,8 +258,8 @@ class FlowerbedFedAvg(FedAvg):
                                       "differs from the server's (other files, another order or "
                                       f"subset; its labels' sha256 {theirs[:12]}, the server's "
                                       f"{self.train_labels[:12]}), so its seeded partition would "
-                                      "overlap the others' or miss samples: give every node the "
-                                      "same files")
+                                      "overlap the others' or miss samples: give every node, and "
+                                      "the server (its run-config data-root), the same files")
             if problem and not self.running:  # a misconfigured federation: stop before round 1
                 raise problem
             if problem:  # a node that joins a running federation: the run goes on without it
