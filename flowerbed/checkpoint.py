@@ -26,8 +26,9 @@ import hashlib
 import os
 import random
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -129,14 +130,20 @@ def decode(obj: Any, blob_dir: Path | None = None) -> Any:
 
 
 def write_synced(path: Path, payload: Any) -> None:
-    """``torch.save`` to ``path`` atomically: a temporary file (named for this host and
-    process), flushed to disk, renamed. The temporary files of earlier writers of ``path`` on
-    this host that were killed mid-write (each as large as the file) are removed."""
+    """``torch.save`` to ``path`` atomically (:func:`write_atomic`)."""
+    write_atomic(path, lambda f: torch.save(payload, f))
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write`` to ``path`` atomically: into a temporary file (named for this host and
+    process), flushed to disk, renamed, so that a reader in another process finds the whole
+    file or none. The temporary files of earlier writers of ``path`` on this host that were
+    killed mid-write (each as large as the file) are removed."""
     here = f".{path.name}.{socket.gethostname()}."
     tmp = path.with_name(f"{here}{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            torch.save(payload, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -548,8 +548,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             n = deploy.online_nodes(dep)
             print(f"SuperNodes online (flwr supernode list): "
                   f"{'unknown (the SuperLink did not answer)' if n is None else n}")
-    elif not (Path(home).expanduser() / "pids.json").exists():  # as `superlink down`: not an error
-        print(f"no deployment was started from {Path(home).expanduser().resolve()}: nothing to stop")
+    elif not (home / "pids.json").exists():  # as `superlink down`: not an error
+        print(f"no deployment was started from {home.resolve()}: nothing to stop")
     else:
         print("stopped: " + ", ".join(deploy.down(deploy.Deployment.load(home))))
     return 0

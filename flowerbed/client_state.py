@@ -34,17 +34,15 @@ import contextlib
 import glob
 import hashlib
 import logging
-import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 
 from flowerbed import cache_root
-from flowerbed.checkpoint import decode, encode, write_synced
+from flowerbed.checkpoint import decode, encode, write_atomic, write_synced
 from flowerbed.config import Config
 
 log = logging.getLogger("flowerbed")
@@ -190,18 +188,12 @@ def restore(cfg: Config, context: Context, run_key: str, partition_id: int, serv
 
 
 def _copy_run_files(old: Path, new: Path) -> None:
-    """The files a run keeps beside its partitions' folders (FedXDS's D_g), each copied once:
-    through a temporary file of this process, so that a client of another process reads it
-    whole or not at all."""
+    """The files a run keeps beside its partitions' folders (FedXDS's D_g), each copied once,
+    atomically, so that a client of another process reads it whole or not at all."""
     for f in old.iterdir():
         if f.is_file() and not f.name.startswith(".") and not (new / f.name).exists():
-            fd, tmp = tempfile.mkstemp(dir=new, prefix=f".{f.name}.", suffix=".tmp")
-            os.close(fd)
-            try:
-                shutil.copyfile(f, tmp)
-                os.replace(tmp, new / f.name)
-            finally:
-                Path(tmp).unlink(missing_ok=True)
+            with open(f, "rb") as src:
+                write_atomic(new / f.name, lambda out, src=src: shutil.copyfileobj(src, out))
 
 
 def _filed_under_another_name(cfg: Config, run_key: str, partition_id: int) -> Path | None:

@@ -372,10 +372,7 @@ def up(dep: Deployment, num_nodes: int, host: str = "127.0.0.1",
                 if not dep.node_key(i).exists():
                     certs.make_node_key(dep.node_key(i), force=True)  # (a lone .pub: unusable)
                 register_node(dep, i)
-            extra = (node_extra or [{}] * num_nodes)[i]
-            p = spawn(supernode_cmd(dep, i, num_nodes, free_port(), **extra),
-                      dep.log_file(f"supernode-{i}"), wrap(f"supernode-{i}"), gpu_env(i))
-            dep.started(f"supernode-{i}", p.pid)
+            start_node(dep, i, num_nodes, (node_extra or [{}] * num_nodes)[i], wrap(f"supernode-{i}"))
         if wait_nodes:
             wait_online(dep, num_nodes, since=since)
     except BaseException:
@@ -400,6 +397,15 @@ def wait_online(dep: Deployment, n: int, timeout: float = 180.0, since: float | 
         time.sleep(1.0)
     raise DeployError(f"only {'?' if seen is None else seen} of {n} SuperNodes online after {timeout:.0f} s "
                       f"(logs in {dep.home / 'logs'})")
+
+
+def start_node(dep: Deployment, i: int, num_nodes: int, extra: dict[str, Any] | None = None,
+               wrap: list[str] | None = None) -> None:
+    """Start SuperNode ``i`` (of ``num_nodes``; again, after :func:`kill_node`: a restart, which
+    the SuperLink sees as a new node that serves partition ``i``); its log appends."""
+    p = spawn(supernode_cmd(dep, i, num_nodes, free_port(), **(extra or {})),
+              dep.log_file(f"supernode-{i}"), wrap, gpu_env(i))
+    dep.started(f"supernode-{i}", p.pid)
 
 
 def kill_node(dep: Deployment, i: int, sig: int = signal.SIGTERM) -> None:

@@ -317,14 +317,23 @@ def software_differences(configs: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def refuse_existing(run_dir: Path) -> None:
-    """A new run never goes into a directory that holds a run's metrics (a ConfigError)."""
-    metrics = Path(run_dir) / "metrics.jsonl"
-    if metrics.exists() and metrics.stat().st_size > 0:
-        from flowerbed.config import ConfigError
+    """A new run never goes into a directory that holds a run's metrics, nor into one that
+    holds files no run wrote (a data set's folder, reached through a link or a run-name that
+    names it): a ConfigError either way."""
+    from flowerbed.config import ConfigError
 
-        raise ConfigError("run-name", Path(run_dir).name, f"{run_dir} already holds a run; continue "
+    run_dir = Path(run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.exists() and metrics.stat().st_size > 0:
+        raise ConfigError("run-name", run_dir.name, f"{run_dir} already holds a run; continue "
                           f"it with `flowerbed run --resume {run_dir}` (plain flwr: "
                           "resume='<that folder>') or choose another run-name")
+    if run_dir.is_dir() and not (run_dir / "config.json").exists():  # config.json: a run's folder
+        if others := sorted(p.name for p in run_dir.iterdir() if p.name != WRITER_LOCK):
+            raise ConfigError("run-name", run_dir.name, f"{run_dir} holds files that are not a "
+                              f"run's ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); "
+                              "a new run writes into a new or empty folder: choose another "
+                              "run-name or output-dir")
 
 
 def pct(v: float | None) -> str:

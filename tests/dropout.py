@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from flowerbed import deploy
 from flowerbed.results import read_metrics
 
 
-def run_killing_node(dep: deploy.Deployment, rc: dict, log_file: Path, node: int = 2
-                     ) -> tuple[dict, list[dict]]:
-    """``deploy.run`` with ``rc``; SIGTERM SuperNode ``node`` during round 2. Returns the
-    summary (empty if the run failed) and the metrics rows."""
+def run_killing_node(dep: deploy.Deployment, rc: dict, log_file: Path, node: int = 2,
+                     restart: Callable[[], None] | None = None) -> tuple[dict, list[dict]]:
+    """``deploy.run`` with ``rc``; SIGTERM SuperNode ``node`` during round 2 (then ``restart``
+    once it has exited, where given). Returns the summary (empty if the run failed) and the
+    metrics rows."""
     run_dir = Path(rc["output-dir"]) / rc["run-name"]
     result: dict = {}
     t = threading.Thread(target=lambda: result.update(
@@ -28,6 +30,10 @@ def run_killing_node(dep: deploy.Deployment, rc: dict, log_file: Path, node: int
         time.sleep(0.5)
     time.sleep(1.0)  # round 2's training messages are out
     deploy.kill_node(dep, node)
+    if restart:
+        while dep.alive(f"supernode-{node}"):
+            time.sleep(0.2)
+        restart()
     t.join(timeout=1800)
     assert "s" in result, log_file.read_text()[-3000:]
     return result["s"], read_metrics(run_dir)

@@ -13,6 +13,7 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -577,6 +578,23 @@ def test_killed_supernode_mid_round(tmp_path):
     failed = [f for r in rows for f in r["failures"]]
     assert summary["client-failures-total"] == len(failed)
     assert summary["final-accuracy"] is not None
+
+
+def test_a_restarted_supernode_continues_from_its_filed_state(tmp_path):
+    """SuperNode 2 killed during round 2 and started again (the same command, as a user restarts
+    a crashed machine's SuperNode): the SuperLink sees a new node, the server maps it to
+    partition 2 again, and its client restores SCAFFOLD's control variate from its filed state
+    instead of starting from zero."""
+    rc = {**SMALL, "num-server-rounds": 3, "eval-every": 3, "method": "scaffold",
+          "output-dir": str(tmp_path), "run-name": "restart"}
+    with deploy.deployment(tmp_path / "home", 3, address=f"127.0.0.1:{free_port()}") as dep:
+        summary, rows = run_killing_node(dep, rc, tmp_path / "restart.log",
+                                         restart=lambda: deploy.start_node(dep, 2, 3))
+        node_log = dep.log_file("supernode-2").read_text(errors="replace")
+    assert summary["final-accuracy"] is not None
+    answered = [{int(p) for p, m in r["per-client"].items() if "train-examples" in m} for r in rows[1:]]
+    assert answered[0] == answered[2] == {0, 1, 2}, answered  # before the kill, and after the restart
+    assert re.search(r"partition 2: restored its state from round [12] ", node_log), node_log[-3000:]
 
 
 def test_up_refuses_certificates_that_do_not_name_the_address(tmp_path):

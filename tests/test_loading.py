@@ -104,7 +104,8 @@ def test_truncated_cifar_batch_is_a_clear_error(tmp_path):
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
         pickle.dump(_cifar_batch(4, "labels", 10), open(folder / name, "wb"), protocol=2)
     (folder / "data_batch_3").write_bytes((folder / "data_batch_3").read_bytes()[:500])
-    with pytest.warns(UserWarning), pytest.raises(DataError, match="cannot read .*cifar-10-batches-py"):
+    with pytest.warns(UserWarning), pytest.raises(DataError, match=r"cannot read \S*cifar-10-batches-py/"
+                                                                    r"data_batch_3 \("):
         load_dataset("cifar10", train=True, data_root=str(tmp_path))
 
 

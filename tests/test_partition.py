@@ -6,7 +6,7 @@ from datasets import Dataset
 from flwr_datasets.partitioner import DirichletPartitioner
 
 from flowerbed.config import ConfigError, parse_partition
-from flowerbed.datasets.partition import client_split, label_histogram, partition_indices
+from flowerbed.datasets.partition import client_split, label_histogram, labels_digest, partition_indices
 
 rng = np.random.default_rng(0)
 LABELS = np.repeat(np.arange(10), 300)[rng.permutation(3000)]
@@ -25,6 +25,13 @@ def test_disjoint_and_covering(spec):
     if spec in ("iid", "dirichlet:0.5"):
         assert len(allidx) == len(LABELS)
     assert all(len(p) > 0 for p in parts)
+
+
+def test_the_labels_digest_depends_on_the_labels_not_their_dtype_or_byte_order():
+    digest = labels_digest(LABELS)
+    assert labels_digest(LABELS.astype(">i8")) == digest  # a big-endian machine's copy
+    assert labels_digest(LABELS.astype(np.uint8)) == digest
+    assert labels_digest(LABELS[::-1]) != digest
 
 
 def test_iid_sizes_equal():

@@ -72,6 +72,15 @@ def test_plain_flwr_gets_the_output_checks_before_the_data_loads(tmp_path, monke
         (tmp_path / "taken" / "metrics.jsonl").write_text("{}\n")
         with pytest.raises(ConfigError, match="already holds a run"):
             run_inprocess(config(tmp_path, "fedavg", "taken"), 2)
+        # a run-name that reaches a data set's folder (here through a link) writes nothing there
+        data = tmp_path.parent / f"{tmp_path.name}-data"  # a stand-in, outside output-dir
+        data.mkdir()
+        (data / "train-images-idx3-ubyte.gz").write_bytes(b"idx")
+        (tmp_path / "linked").symlink_to(data)
+        with pytest.raises(ConfigError, match=r"run-name.*holds files that are not a run's "
+                                              r"\(train-images-idx3-ubyte.gz\)"):
+            run_inprocess(config(tmp_path, "fedavg", "linked"), 2)
+        assert [p.name for p in data.iterdir()] == ["train-images-idx3-ubyte.gz"]
     run_inprocess(config(tmp_path, "fedavg", "ok", **{"num-server-rounds": 1}), 2)
     saved = json.loads((tmp_path / "ok" / "config.json").read_text())["software"]
     assert saved["torch"] == torch.__version__ and saved["flwr"] and saved["environment"]

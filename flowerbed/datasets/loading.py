@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import gzip
 import logging
+import pickle
 import socket
 import warnings
 import zlib
@@ -305,9 +306,21 @@ def _load_cifar(name: str, train: bool, root: Path | None):
         where = f"{folder}/" + (f" (missing {', '.join(missing)})" if folder.is_dir() else "")
         ds = _download_or_fail(name, cls.__name__, base, where, train=train)
     except Exception as e:  # noqa: BLE001 - a truncated or damaged file: pickle errors of many kinds
-        raise _unreadable(name, f"{base}/{cls.base_folder}/", e) from None
+        folder = base / cls.base_folder
+        bad = [f for f, _ in (cls.train_list if train else cls.test_list) if not _unpickles(folder / f)]
+        raise _unreadable(name, ", ".join(str(folder / f) for f in bad) or f"{folder}/", e) from None
     x = torch.from_numpy(np.asarray(ds.data)).permute(0, 3, 1, 2)
     return x, torch.as_tensor(ds.targets, dtype=torch.long)
+
+
+def _unpickles(path: Path) -> bool:
+    """Whether a CIFAR batch file reads whole (torchvision's error does not say which failed)."""
+    try:
+        with open(path, "rb") as f:
+            pickle.load(f, encoding="latin1")
+    except Exception:  # noqa: BLE001 - truncated, damaged, unreadable: any of them
+        return False
+    return True
 
 
 def _load_svhn(name: str, train: bool, root: Path | None):

@@ -42,8 +42,8 @@ def partition_indices(labels: np.ndarray, partition: Partition, num_partitions: 
 
 def labels_digest(labels: np.ndarray) -> str:
     """sha256 of a label sequence: what a seeded split depends on (the same files in the same
-    order give the same split on every machine)."""
-    return hashlib.sha256(np.asarray(labels).astype(np.int64).tobytes()).hexdigest()
+    order give the same split on every machine, whatever its byte order)."""
+    return hashlib.sha256(np.asarray(labels).astype("<i8").tobytes()).hexdigest()
 
 
 def _redrawn(labels, partition, num_partitions, seed, min_size, redraws) -> tuple[np.ndarray, ...]:
