@@ -21,18 +21,16 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import glob
 import hashlib
-import os
 import random
-import socket
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord
+
+from flowerbed.results import write_atomic
 
 FILE = "checkpoint.pt"
 FORMAT = 2  # 2: large strategy records in checkpoint-blobs/ (older code refuses it by this number)
@@ -54,7 +52,7 @@ def resumable_changes(saved: dict[str, Any]) -> frozenset[str]:
 
 
 #: why a run whose :func:`resumable_changes` leave out num-server-rounds is not extended
-NOT_EXTENDABLE = ("a Fed-ADE or Fed-POE run cannot be extended (its streams are built for its number "
+NOT_EXTENDABLE = ("a Fed-ADE, Fed-POE or ATLAS run cannot be extended (its streams are built for its number "
                   "of rounds)")
 
 
@@ -130,34 +128,8 @@ def decode(obj: Any, blob_dir: Path | None = None) -> Any:
 
 
 def write_synced(path: Path, payload: Any) -> None:
-    """``torch.save`` to ``path`` atomically (:func:`write_atomic`)."""
+    """``torch.save`` to ``path`` atomically (:func:`~flowerbed.results.write_atomic`)."""
     write_atomic(path, lambda f: torch.save(payload, f))
-
-
-def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """``write`` to ``path`` atomically: into a temporary file (named for this host and
-    process), flushed to disk, renamed, so that a reader in another process finds the whole
-    file or none. The temporary files of earlier writers of ``path`` on this host that were
-    killed mid-write (each as large as the file) are removed."""
-    here = f".{path.name}.{socket.gethostname()}."
-    tmp = path.with_name(f"{here}{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    from flowerbed.engine import _alive
-
-    for stale in path.parent.glob(f"{glob.escape(here)}*.tmp"):  # another host's may be live
-        pid = stale.name[len(here):-len(".tmp")]
-        if pid.isdigit() and not _alive(int(pid)):
-            with contextlib.suppress(OSError):
-                stale.unlink()
 
 
 # ---------------------------------------------------------------------- RNG
@@ -301,5 +273,6 @@ def check_compatible(saved: dict[str, Any], current: dict[str, Any], path: Path)
                               f"({path}); pass the original run config again (it is in the run's "
                               f"config.json; `flowerbed run --resume <run-dir>` does that), only "
                               f"{sorted(free)} may change"
-                              + (" (a Fed-ADE or Fed-POE run's streams are built for its number of rounds)"
+                              + (" (a Fed-ADE, Fed-POE or ATLAS run's streams are built for its number of "
+                                 "rounds)"
                                  if free != RESUMABLE_CHANGES else ""))

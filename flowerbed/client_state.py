@@ -42,8 +42,9 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 
 from flowerbed import cache_root
-from flowerbed.checkpoint import decode, encode, write_atomic, write_synced
+from flowerbed.checkpoint import decode, encode, write_synced
 from flowerbed.config import Config
+from flowerbed.results import write_atomic
 
 log = logging.getLogger("flowerbed")
 RESTORED = "flowerbed.restored"  # our marker in context.state: restore was done for this run

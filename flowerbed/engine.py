@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -79,11 +80,34 @@ def _port_choices() -> tuple[int, int]:
 
 
 _HANDED_OUT: set[int] = set()  # this process's picks: a port not yet bound by its server is not free
+PICKED = Path(tempfile.gettempdir()) / "flowerbed-ports"  # <port>: the pid of the process that picked it
+
+
+def _claim(port: int) -> bool:
+    """Whether ``port`` is ours to hand out: no other running process on this machine picked it
+    (two launchers, or two test workers, could pick the same port before either's server binds
+    it). Claims of processes no longer running are dropped; where the folder cannot be used, the
+    bind check is all there is."""
+    try:
+        PICKED.mkdir(exist_ok=True)
+        for f in PICKED.iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                if not _alive(int(f.read_text())):
+                    f.unlink()
+        fd = os.open(PICKED / str(port), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+    return True
 
 
 def free_port() -> int:
     """A TCP port nothing listens on, outside the kernel's ephemeral range, and not one this
-    process handed out before (a SuperNode started just now may not listen yet). A port the kernel hands
+    process or another running one (:func:`_claim`) handed out before (a SuperNode started just
+    now may not listen yet). A port the kernel hands
     out (a bind to port 0) is free again once we close our probe, and until the SuperLink or
     SuperNode we start binds it, any outgoing connection may take it as its local port: a
     SuperNode's connection to its SuperLink did, and the next SuperNode died with 'address already
@@ -98,6 +122,7 @@ def free_port() -> int:
                 s.bind(("127.0.0.1", port))
             except OSError:  # taken (or in TIME_WAIT): another
                 continue
+        if _claim(port):
             _HANDED_OUT.add(port)
             return port
     with socket.socket() as s:  # every try taken: what the kernel hands out

@@ -5,17 +5,20 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import glob
 import hashlib
 import json
 import logging
 import math
 import os
+import socket
+import tempfile
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 log = logging.getLogger("flowerbed")
 
@@ -33,16 +36,38 @@ def _clean(v: Any) -> Any:
     return v
 
 
+def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write`` to ``path`` so that a crash, a kill or a power loss mid-write leaves the
+    previous file intact and a reader in another process finds the whole file or none: into a
+    temporary file of its own (named for this host and process), flushed to disk, renamed. The
+    temporary files of earlier writers of ``path`` on this host that were killed mid-write (each
+    as large as the file) are removed."""
+    here = f".{path.name}.{socket.gethostname()}."
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f"{here}{os.getpid()}.", suffix=".tmp")
+    tmp = Path(name)
+    try:
+        with open(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    from flowerbed.engine import _alive
+
+    for stale in path.parent.glob(f"{glob.escape(here)}*.tmp"):  # another host's may be live
+        pid = stale.name[len(here):].split(".")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                stale.unlink()
+
+
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write a file so that a crash, a kill or a power loss mid-write leaves the previous one
-    intact: the text is on disk before the rename (summary.json's mere presence says "finished",
-    so an empty one after a power loss would stop a resume)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """:func:`write_atomic` of a text (summary.json's mere presence says "finished", so an empty
+    one after a power loss would stop a resume)."""
+    write_atomic(path, lambda f: f.write(text.encode()))
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -138,9 +163,7 @@ class RunDir:
         kept = [r for r in rows if r.get("round", 0) <= resume_round]
         if len(kept) != len(text.splitlines()):
             self._before_resume("metrics.jsonl").write_text(text)
-        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
-        os.replace(tmp, self.metrics_path)
+        write_text_atomic(self.metrics_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
         return kept
 
     def _before_resume(self, name: str) -> Path:
@@ -329,7 +352,13 @@ def refuse_existing(run_dir: Path) -> None:
                           f"it with `flowerbed run --resume {run_dir}` (plain flwr: "
                           "resume='<that folder>') or choose another run-name")
     if run_dir.is_dir() and not (run_dir / "config.json").exists():  # config.json: a run's folder
-        if others := sorted(p.name for p in run_dir.iterdir() if p.name != WRITER_LOCK):
+        try:  # (hidden files: our locks and temporary files, the system's .DS_Store, .nfs...)
+            others = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".")
+                            and p != metrics)  # (empty: a run stopped before its config was written)
+        except OSError as e:
+            raise ConfigError("run-name", run_dir.name,
+                              f"{run_dir} cannot be listed ({e.strerror})") from None
+        if others:
             raise ConfigError("run-name", run_dir.name, f"{run_dir} holds files that are not a "
                               f"run's ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); "
                               "a new run writes into a new or empty folder: choose another "

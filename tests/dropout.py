@@ -4,6 +4,7 @@ and check what the metrics say about it."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -31,9 +32,12 @@ def run_killing_node(dep: deploy.Deployment, rc: dict, log_file: Path, node: int
     time.sleep(1.0)  # round 2's training messages are out
     deploy.kill_node(dep, node)
     if restart:
-        while dep.alive(f"supernode-{node}"):
+        t1 = time.time()
+        while dep.alive(f"supernode-{node}") and time.time() - t1 < 60:  # (Flower's own: 5 s)
             time.sleep(0.2)
+        deploy.kill_node(dep, node, signal.SIGKILL)
         restart()
+        deploy.wait_online(dep, 1, since=t1)  # (the restarted one) its log, should it not come up
     t.join(timeout=1800)
     assert "s" in result, log_file.read_text()[-3000:]
     return result["s"], read_metrics(run_dir)

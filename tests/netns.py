@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import uuid
+from pathlib import Path
+
+from flowerbed.engine import _alive, start_time
 
 SUBNET = "10.231.0"
+OWNERS = Path("/run/flowerbed-netns")  # <tag>.pid: whose namespaces (a tmpfs: gone at reboot, as they are)
 
 
 def sh(*args: str) -> None:
@@ -33,7 +38,10 @@ class Hosts:
     namespace joins the switch as the user's machine at .1."""
 
     def __init__(self, names: list[str]) -> None:
+        reap_stale()
         tag = self.tag = uuid.uuid4().hex[:5]
+        OWNERS.mkdir(exist_ok=True)
+        (OWNERS / f"{tag}.pid").write_text(f"{os.getpid()} {start_time(os.getpid())}")
         self.ports: list[str] = []
         self.switch = f"fbsw{tag}"
         self.ns = {name: f"fb{i}{tag}" for i, name in enumerate(names)}
@@ -65,6 +73,23 @@ class Hosts:
         return ["ip", "netns", "exec", self.ns[name]]
 
     def remove(self) -> None:
-        for ns in [*self.ns.values(), self.switch]:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        subprocess.run(["ip", "link", "del", self.root_if], capture_output=True)
+        remove(self.tag)
+
+
+def remove(tag: str) -> None:
+    """The namespaces and the root namespace's interface of the Hosts tagged ``tag``."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    for ns in [n for n in listed if n.startswith("fb") and n.endswith(tag)]:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    subprocess.run(["ip", "link", "del", f"fbr{tag}"], capture_output=True)
+    (OWNERS / f"{tag}.pid").unlink(missing_ok=True)
+
+
+def reap_stale() -> None:
+    """What a test run killed before its clean-up left (its root interface holds the subnet's .1,
+    so the next run's would not be reached): the Hosts of processes no longer running."""
+    for owner in OWNERS.glob("*.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            pid, start = map(int, owner.read_text().split())
+            if not _alive(pid, start):
+                remove(owner.stem)

@@ -9,7 +9,9 @@ tests/test_deploy.py kills a SuperNode on loopback instead).
 from __future__ import annotations
 
 import json
+import uuid
 
+import netns
 import pytest
 from dropout import assert_dropped, run_killing_node
 from netns import Hosts, netns_usable
@@ -48,3 +50,23 @@ def test_separate_hosts_with_tls_own_data_and_a_dropout(tmp_path):
         node_log = (tmp_path / "home" / "logs" / f"supernode-{i}.log").read_text()
         assert "--insecure" not in " ".join(deploy.supernode_cmd(dep, i, 3, 1))
         assert f"from its own data folder {folders[i]}" in node_log
+
+
+@pytest.mark.skipif(bool(reason := netns_usable()), reason=reason or "")
+def test_what_a_killed_test_run_left_is_removed_before_new_hosts_are_made():
+    """A run killed before its clean-up left its namespaces and its root interface, which holds
+    the subnet's .1: the next run's hosts would not have reached this machine through its own."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    tag = f"d{uuid.uuid4().hex[:4]}"
+    netns.OWNERS.mkdir(exist_ok=True)
+    (netns.OWNERS / f"{tag}.pid").write_text(f"{dead} 1")
+    netns.sh("ip", "netns", "add", f"fbsw{tag}")
+    netns.sh("ip", "link", "add", f"fbr{tag}", "type", "veth", "peer", "name", f"fbp{tag}")  # as _plug
+    netns.reap_stale()
+    assert f"fbsw{tag}" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert subprocess.run(["ip", "link", "show", f"fbr{tag}"], capture_output=True).returncode != 0
+    assert not (netns.OWNERS / f"{tag}.pid").exists()

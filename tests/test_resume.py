@@ -22,7 +22,7 @@ from flowerbed import config as config_module
 from flowerbed.apps import server_app
 from flowerbed.config import PERSONAL_METHODS, Config, ConfigError, defaults
 from flowerbed.registry import METHODS
-from flowerbed.results import read_metrics
+from flowerbed.results import read_metrics, refuse_existing
 
 TINY = {"num-server-rounds": 2, "train-samples": 600, "test-samples": 200, "min-clients": 2,
         "batch-size": 64}
@@ -81,6 +81,12 @@ def test_plain_flwr_gets_the_output_checks_before_the_data_loads(tmp_path, monke
                                               r"\(train-images-idx3-ubyte.gz\)"):
             run_inprocess(config(tmp_path, "fedavg", "linked"), 2)
         assert [p.name for p in data.iterdir()] == ["train-images-idx3-ubyte.gz"]
+        # what a run stopped before its config.json, or the system, leaves there is no stranger
+        stopped = tmp_path / "stopped"
+        stopped.mkdir()
+        for name in ("metrics.jsonl", ".writer.lock", ".config.json.host.1.x.tmp", ".DS_Store"):
+            (stopped / name).write_text("")
+        refuse_existing(stopped)
     run_inprocess(config(tmp_path, "fedavg", "ok", **{"num-server-rounds": 1}), 2)
     saved = json.loads((tmp_path / "ok" / "config.json").read_text())["software"]
     assert saved["torch"] == torch.__version__ and saved["flwr"] and saved["environment"]
@@ -262,12 +268,13 @@ def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
     here = f".checkpoint.pt.{socket.gethostname()}."
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True).stdout.strip()
-    left = [tmp_path / f"{here}{dead}.tmp", tmp_path / f"{here}{os.getppid()}.tmp",
+    left = [tmp_path / f"{here}{dead}.tmp", tmp_path / f"{here}{dead}.k2x9_q.tmp",  # (each write's own)
+            tmp_path / f"{here}{os.getppid()}.tmp", tmp_path / f"{here}{os.getppid()}.a1b2.tmp",
             tmp_path / ".checkpoint.pt.other-host.1.tmp"]
     for f in left:
         f.write_bytes(b"half a checkpoint")
     checkpoint.write_synced(tmp_path / "checkpoint.pt", {"round": 1})
-    assert [f.exists() for f in left] == [False, True, True]
+    assert [f.exists() for f in left] == [False, False, True, True, True]
     assert torch.load(tmp_path / "checkpoint.pt")["round"] == 1
 
 
@@ -1020,7 +1027,7 @@ def test_a_fed_ade_run_is_not_extended_with_more_rounds(tmp_path):
     for method in ("fedpoe", "fedade"):  # (Fed-POE runs on Fed-ADE's streams)
         old = {"method": method, "num-server-rounds": 4, "resume": ""}
         with pytest.raises(checkpoint.CheckpointError,
-                           match="num-server-rounds: 4 -> 8.*Fed-ADE or Fed-POE run's streams"):
+                           match="num-server-rounds: 4 -> 8.*Fed-ADE, Fed-POE or ATLAS run's streams"):
             checkpoint.check_compatible(old, {**old, "num-server-rounds": 8}, tmp_path)
     assert checkpoint.config_changes(old, {**old, "num-server-rounds": 8}) == ["num-server-rounds: 4 -> 8"]
     checkpoint.check_compatible(old, {**old, "resume": "x"}, tmp_path)  # resuming it is fine
@@ -1034,10 +1041,11 @@ def test_a_fed_ade_run_is_not_extended_with_more_rounds(tmp_path):
         {**Config.from_run_config(rc).to_run_config(), "num-partitions": 3}))
     (tmp_path / "summary.json").write_text("{}")
     assert earlier_run(tmp_path, rc, 3) == "keep"
-    with pytest.raises(ConfigError, match="a Fed-ADE or Fed-POE run cannot be extended .* another --out"):
+    with pytest.raises(ConfigError, match="a Fed-ADE, Fed-POE or ATLAS run cannot be extended "
+                                          ".* another --out"):
         earlier_run(tmp_path, {**rc, "num-server-rounds": 8}, 3)
     # run --resume of it: not "raise num-server-rounds", which the resume then refuses
-    assert "a Fed-ADE or Fed-POE run cannot be extended" in checkpoint.finished_reason(tmp_path, 4)
+    assert "a Fed-ADE, Fed-POE or ATLAS run cannot be extended" in checkpoint.finished_reason(tmp_path, 4)
 
 
 def test_a_diverged_run_reports_no_accuracy_and_keeps_its_model(tmp_path, monkeypatch, caplog):

@@ -449,9 +449,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         }
         if (strategy.model is not None and strategy.server_model and result.arrays is not None
                 and len(result.arrays)):
-            tmp = run_dir.path / ".model.pt.tmp"
-            torch.save(result.arrays.to_torch_state_dict(), tmp)
-            tmp.replace(run_dir.path / "model.pt")
+            checkpoint.write_synced(run_dir.path / "model.pt", result.arrays.to_torch_state_dict())
         # clients' filed state on this machine: the newest the run stands on only
         client_state.prune(cfg, strategy.run_key, strategy.resumed_after)
         summary = run_dir.finish(summary)  # last: its presence means the run finished

@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from flowerbed.results import write_atomic
+
 log = logging.getLogger("flowerbed")
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -162,10 +164,8 @@ def write_idx(path: Path, array: np.ndarray) -> None:
     header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with (gzip.open if path.suffix == ".gz" else open)(tmp, "wb") as f:
-        f.write(header + np.ascontiguousarray(array).tobytes())
-    tmp.replace(path)
+    data = header + np.ascontiguousarray(array).tobytes()
+    write_atomic(path, lambda f: f.write(gzip.compress(data) if path.suffix == ".gz" else data))
 
 
 def _find_idx(folder: Path, stem: str) -> Path | None:

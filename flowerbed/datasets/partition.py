@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 import warnings
 import zipfile
 from pathlib import Path
@@ -18,6 +17,7 @@ import numpy as np
 
 from flowerbed import cache_root
 from flowerbed.config import ConfigError, Partition
+from flowerbed.results import write_atomic
 
 log = logging.getLogger("flowerbed")
 
@@ -86,9 +86,7 @@ def _on_disk(key: tuple, compute) -> tuple[np.ndarray, ...]:
     out = compute()
     with contextlib.suppress(OSError):  # a read-only home only loses the speed-up
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-        np.savez(tmp, **{f"p{i}": p for i, p in enumerate(out)})
-        os.replace(tmp, path)
+        write_atomic(path, lambda f: np.savez(f, **{f"p{i}": p for i, p in enumerate(out)}))
     return out
 
 
