@@ -37,7 +37,8 @@ FORMAT = 2  # 2: large strategy records in checkpoint-blobs/ (older code refuses
 READABLE = (1, 2)
 #: run-config keys that may differ between a run and its resumption
 RESUMABLE_CHANGES = frozenset({"resume", "run-name", "output-dir", "num-server-rounds",
-                               "round-timeout", "fault-fraction", "fault-kind", "fault-crash-after"})
+                               "round-timeout", "server-device", "fault-fraction", "fault-kind",
+                               "fault-crash-after"})
 
 
 def resumable_changes(saved: dict[str, Any]) -> frozenset[str]:

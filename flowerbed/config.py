@@ -229,6 +229,7 @@ class Config:
     scaffold_server_lr: float
     eval_every: int
     round_timeout: float
+    server_device: str
     seed: int
     probe_every: int
     probe_epochs: int
@@ -494,6 +495,8 @@ class Config:
                    "fedade-pixels": ("standardised", "raw"),
                    "ssl-augment": ("auto", "per-sample", "batched"),
                    "feddyn-eval": ("served", "average")}
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.server_device):
+            raise ConfigError("server-device", self.server_device, "use auto | cpu | cuda | cuda:N")
         for key, allowed in choices.items():
             if getattr(self, key.replace("-", "_")) not in allowed:
                 raise ConfigError(key, getattr(self, key.replace("-", "_")), f"use {' | '.join(allowed)}")

@@ -202,12 +202,14 @@ def spawn(cmd: list[str], log_path: Path, wrap: list[str] | None = None,
 
 
 def gpu_env(node: int) -> dict[str, str]:
-    """SuperNode ``node``'s GPU on a machine with several: ``CUDA_VISIBLE_DEVICES`` = node mod
-    the GPU count, so their ClientApps (each uses ``cuda``, i.e. the first GPU it sees) spread
-    over the GPUs instead of all using GPU 0. Nothing where the user set
-    ``CUDA_VISIBLE_DEVICES`` or the machine has fewer than two GPUs."""
-    if "CUDA_VISIBLE_DEVICES" in os.environ:
-        return {}
+    """SuperNode ``node``'s GPU on a machine with several: ``CUDA_VISIBLE_DEVICES`` = the
+    (node mod count)-th GPU, so their ClientApps (each uses ``cuda``, i.e. the first GPU it sees)
+    spread over the GPUs instead of all using the first. Where the user set
+    ``CUDA_VISIBLE_DEVICES``, over the GPUs it lists (one listed: that one for every node);
+    nothing where the machine has fewer than two."""
+    if (chosen := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        ids = [d.strip() for d in chosen.split(",") if d.strip()]
+        return {"CUDA_VISIBLE_DEVICES": ids[node % len(ids)]} if len(ids) > 1 else {}
     import torch
 
     n = torch.cuda.device_count()

@@ -79,7 +79,7 @@ def pretrained(cfg: Config) -> nn.Module:
         return model
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, c, train.num_classes, h)
-    device = pick_device()
+    device = pick_device(cfg.server_device)
     log.info("pre-training %s on %d samples (%s pixels) for %d epochs (cached afterwards)",
              cfg.model, len(train), train.pixels, cfg.fedade_pretrain_epochs)
     train_epochs(model, train, epochs=cfg.fedade_pretrain_epochs, device=device,

@@ -24,9 +24,18 @@ BatchHook = Callable[[torch.Tensor, torch.Tensor], None]
 Criterion = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def pick_device() -> torch.device:
-    """CUDA when this process was given a GPU, else CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() and not _ray_actor_without_gpu() else "cpu")
+def pick_device(choice: str = "auto") -> torch.device:
+    """CUDA when this process was given a GPU, else CPU; or ``choice`` (run-config
+    ``server-device``: cpu, cuda, cuda:N), a ConfigError where that GPU is not there."""
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() and not _ray_actor_without_gpu() else "cpu")
+    device = torch.device(choice)
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        from flowerbed.config import ConfigError
+
+        raise ConfigError("server-device", choice, f"this machine's ServerApp sees "
+                          f"{torch.cuda.device_count()} GPU(s)")
+    return device
 
 
 def _ray_actor_without_gpu() -> bool:

@@ -64,6 +64,7 @@ def test_defaults_come_from_pyproject():
     ("fedade-lr-max", float("nan"), "finite number >= 0"),
     ("partition", "pathological:2.0", "'2.0' is not a whole number"),
     ("num-models", 1000, "must be <= 100"),
+    ("server-device", "gpu", "auto | cpu | cuda | cuda:N"),
 ])
 def test_bad_values_name_the_key(key, value, needle):
     with pytest.raises(ConfigError) as e:
@@ -239,3 +240,17 @@ def test_fedade_rounds_not_a_multiple_of_the_step_name_the_nearest():
     with pytest.raises(ConfigError, match="multiple of fedade-rounds-per-step \\(2\\), e.g. 4 or 6"):
         Config.from_run_config({"method": "fedade", "num-server-rounds": 5,
                                 "fedade-rounds-per-step": 2})
+
+
+def test_the_server_device_is_the_users_choice_where_given():
+    """A GPU review: the ServerApp always took the first GPU (FedFTG's K teachers, FedConcat's
+    encoders, Fed-ADE's pre-training), also where the clients' shares filled it."""
+    import torch
+
+    from flowerbed.training import pick_device
+
+    assert pick_device("cpu") == torch.device("cpu")
+    assert pick_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    n = torch.cuda.device_count()
+    with pytest.raises(ConfigError, match=rf"'server-device' = 'cuda:{n}'.*sees {n} GPU"):
+        pick_device(f"cuda:{n}")

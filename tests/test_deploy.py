@@ -150,7 +150,8 @@ def test_the_logged_command_can_be_pasted_into_a_shell(tmp_path, caplog):
 
 def test_supernodes_spread_over_several_gpus(monkeypatch, tmp_path):
     """Each ClientApp uses `cuda` (its first visible GPU): on a machine with several GPUs the
-    SuperNodes `deploy up` starts get one each, round robin, unless the user chose."""
+    SuperNodes `deploy up` starts get one each, round robin, over the GPUs the user listed
+    in CUDA_VISIBLE_DEVICES where set (a review: "2,3" put every client on GPU 2)."""
     import torch
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -160,8 +161,12 @@ def test_supernodes_spread_over_several_gpus(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert deploy.gpu_env(1) == {}
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
-    assert deploy.gpu_env(1) == {}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # the user's choice: spread over those two
+    assert [deploy.gpu_env(i) for i in range(3)] == [
+        {"CUDA_VISIBLE_DEVICES": "2"}, {"CUDA_VISIBLE_DEVICES": "3"}, {"CUDA_VISIBLE_DEVICES": "2"}]
+    for one in ("1", "", "GPU-8d2f"):  # one GPU (or none) for every node: left as set
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", one)
+        assert deploy.gpu_env(1) == {}
     (tmp_path / "logs").mkdir()
     p = deploy.spawn([sys.executable, "-c", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"],
                      tmp_path / "logs" / "x.log", env={"CUDA_VISIBLE_DEVICES": "1"})

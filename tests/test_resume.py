@@ -88,6 +88,7 @@ def test_plain_flwr_gets_the_output_checks_before_the_data_loads(tmp_path, monke
             (stopped / name).write_text("")
         refuse_existing(stopped)
     run_inprocess(config(tmp_path, "fedavg", "ok", **{"num-server-rounds": 1}), 2)
+    assert json.loads((tmp_path / "ok" / "config.json").read_text())["server-device-used"] == "cpu"
     saved = json.loads((tmp_path / "ok" / "config.json").read_text())["software"]
     assert saved["torch"] == torch.__version__ and saved["flwr"] and saved["environment"]
     assert "an environment Flower built for it" not in caplog.text  # .venv's torch

@@ -304,7 +304,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         raise ConfigError("min-clients", cfg.min_clients,
                           f"larger than the number of clients ({num_partitions})")
     strategy.model = method.model(cfg, train)
-    device = pick_device()
+    device = pick_device(cfg.server_device)
     identity = {**cfg.to_run_config(), "num-partitions": num_partitions}  # what a resume must match
     ckpt, output_dir, run_name = _resume_point(cfg, identity)
     data_record = ClientDataRecord(strategy, cfg, num_partitions)
@@ -313,7 +313,7 @@ def run(grid: Grid, cfg: Config) -> dict[str, Any]:
         check_resumed_data(earlier, data_record.now, Path(output_dir) / run_name, data_record.answered)
         data_record.keep_earlier(earlier.get("client-data"), Path(output_dir) / run_name)
         data_record.hold(strategy)
-    described = {**identity, "server-device": str(device), "software": software(), **strategy.describe(),
+    described = {**identity, "server-device-used": str(device), "software": software(), **strategy.describe(),
                  **data_record.value}
     with RunDir(output_dir, run_name, described,
                 resume_round=ckpt["round"] if ckpt else None) as run_dir:  # this ServerApp's till it ends

@@ -133,7 +133,7 @@ class FedFTGStrategy(FlowerbedFedAvg):
                   counts: np.ndarray) -> tuple[ArrayRecord, dict[str, float]]:
         """The global model ``mean`` after the round's data-free distillation from ``uploads``,
         and the losses of the last iteration."""
-        cfg, device = self.cfg, pick_device()
+        cfg, device = self.cfg, pick_device(self.cfg.server_device)
         if not cfg.fedftg_iterations:
             return mean, {}  # FedAvg
         # (the mean as FedAvg casts it: a float64 mean of an int64 buffer rounded, not truncated)
