@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -22,6 +23,17 @@ LossHook = Callable[[nn.Module], torch.Tensor]
 GradHook = Callable[[nn.Module], None]
 BatchHook = Callable[[torch.Tensor, torch.Tensor], None]
 Criterion = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@contextlib.contextmanager
+def cpu_seeded(seed: int):
+    """Draws from the CPU's global generator seeded with ``seed`` (a model's initialisation,
+    built on the CPU), its state put back afterwards. Other devices' generators are left alone:
+    ``torch.manual_seed`` would reseed CUDA's for good (fork_rng(devices=[]) puts back the
+    CPU's only), and asking fork_rng for CUDA's would make a context on every GPU."""
+    with torch.random.fork_rng(devices=[]):
+        torch.random.default_generator.manual_seed(seed)
+        yield
 
 
 def pick_device(choice: str = "auto") -> torch.device:
@@ -261,8 +273,7 @@ def linear_probe(train_f: torch.Tensor, train_y: torch.Tensor, test_f: torch.Ten
     xtr, xte = (train_f - mean) / std, (test_f - mean) / std
     gen = torch.Generator().manual_seed(seed)
     clf = nn.Linear(xtr.shape[1], num_classes)
-    with torch.random.fork_rng(devices=[]):  # the CPU's only: no CUDA context on every GPU
-        torch.manual_seed(seed)
+    with cpu_seeded(seed):
         clf.reset_parameters()
     opt = torch.optim.Adam(clf.parameters(), lr=lr, weight_decay=1e-6)
     for _ in range(epochs):

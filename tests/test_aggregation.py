@@ -763,3 +763,18 @@ def test_a_client_scored_with_a_diverged_model_counts_as_zero_not_as_missing():
     two = s.aggregate_evaluate(1, [reply(m, RecordDict({"metrics": r}))
                                    for m, r in zip(s._sent, [ok[0], diverged, diverged], strict=True)])
     assert two["diverged"] == 2
+
+
+def test_a_seeded_initialisation_leaves_the_gpus_generators_alone(monkeypatch):
+    """From a GPU review: torch.manual_seed inside fork_rng(devices=[]) reseeded CUDA's generator
+    for good (fork_rng put back the CPU's only), so a later draw on the GPU got that fixed seed."""
+    from flowerbed.training import cpu_seeded
+
+    torch.random.default_generator.manual_seed(5)
+    expected = torch.rand(3)
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: pytest.fail("reseeded CUDA"))
+    monkeypatch.setattr(torch.cuda, "manual_seed", lambda seed: pytest.fail("reseeded CUDA"))
+    before = torch.random.get_rng_state()
+    with cpu_seeded(5):
+        assert torch.equal(torch.rand(3), expected)  # the same draws as torch.manual_seed gave
+    assert torch.equal(torch.random.get_rng_state(), before)

@@ -18,6 +18,7 @@ from flowerbed.datasets.loading import DataSet
 from flowerbed.models import build_model
 from flowerbed.strategies.distill import GLOBAL_ACC, PREDICTIONS, SOFT_TARGETS, TEST_PREDICTIONS
 from flowerbed.training import (
+    cpu_seeded,
     evaluate,
     fit_targets,
     predict,
@@ -48,8 +49,7 @@ class DistillClient(Client):
         """The client's own model from its state (a fresh, seeded one in its first round)."""
         if (own := self.state_model(STATE)) is not None:
             return own
-        with torch.random.fork_rng(devices=[]):  # the CPU's only: the model is built there
-            torch.manual_seed(self.cfg.seed * 1000 + self.partition_id)
+        with cpu_seeded(self.cfg.seed * 1000 + self.partition_id):  # the model is built on the CPU
             return self.new_model().to(self.device)
 
     def fit_private(self, model: nn.Module, gen: torch.Generator, epochs: int, data: DataSet | None = None,

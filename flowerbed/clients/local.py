@@ -5,12 +5,11 @@ It starts from the same seeded initial model as every other method's global mode
 
 from __future__ import annotations
 
-import torch
 from flwr.app import Message
 from torch import nn
 
 from flowerbed.clients.base import Client
-from flowerbed.training import to_record
+from flowerbed.training import cpu_seeded, to_record
 
 STATE = "local.model"
 
@@ -25,8 +24,7 @@ class LocalClient(Client):
     def own_model(self) -> nn.Module:
         if (own := self.state_model(self.state_key)) is not None:
             return own
-        with torch.random.fork_rng(devices=[]):  # the CPU's only: the model is built there
-            torch.manual_seed(self.init_seed())
+        with cpu_seeded(self.init_seed()):  # the model is built on the CPU
             return self.new_model().to(self.device)
 
     def train(self, msg: Message) -> Message:

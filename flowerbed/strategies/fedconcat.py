@@ -37,7 +37,7 @@ from flowerbed.clients.fedftg import COUNTS
 from flowerbed.datasets.loading import NUM_CLASSES, DataSet
 from flowerbed.strategies.base import FlowerbedFedAvg, cast_like, with_record
 from flowerbed.strategies.fedftg import counts_problem
-from flowerbed.training import evaluate, load_record, to_record
+from flowerbed.training import cpu_seeded, evaluate, load_record, to_record
 
 log = logging.getLogger("flowerbed")
 
@@ -199,7 +199,6 @@ class FedConcatStrategy(FlowerbedFedAvg):
         return evaluate(self.concat_model(), test, device)
 
     def _new_classifier(self) -> ArrayRecord:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.cfg.seed * 100 + 91)
+        with cpu_seeded(self.cfg.seed * 100 + 91):
             encoders = [self.model] * len(self.cluster_models)
             return to_record(classifier_for(encoders, NUM_CLASSES[self.cfg.dataset]))

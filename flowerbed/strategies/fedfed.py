@@ -24,7 +24,7 @@ from flwr.serverapp import Grid
 from flowerbed.clients.fedfed import make_fedfed_net
 from flowerbed.strategies.base import log
 from flowerbed.strategies.fedxds import FedXDSStrategy
-from flowerbed.training import is_finite, to_record
+from flowerbed.training import cpu_seeded, is_finite, to_record
 
 
 class FedFedStrategy(FedXDSStrategy):
@@ -36,8 +36,7 @@ class FedFedStrategy(FedXDSStrategy):
         self._model: ArrayRecord | None = None  # the FL model, kept aside in a VAE round
 
     def initial_arrays(self, model: torch.nn.Module | None) -> ArrayRecord:
-        with torch.random.fork_rng(devices=[]):  # the FL model's initialisation is every method's
-            torch.manual_seed(self.cfg.seed)
+        with cpu_seeded(self.cfg.seed):  # the FL model's initialisation is every method's
             self.vae = to_record(make_fedfed_net(self.cfg))
         return super().initial_arrays(model)
 

@@ -37,7 +37,7 @@ from torch.nn import functional as F
 from flowerbed.clients.fedftg import COUNTS
 from flowerbed.datasets.loading import IMAGE_SHAPES, NUM_CLASSES
 from flowerbed.strategies.base import FlowerbedFedAvg, cast_like, metric_record
-from flowerbed.training import is_finite, load_record, pick_device, to_record
+from flowerbed.training import cpu_seeded, is_finite, load_record, pick_device, to_record
 
 log = logging.getLogger("flowerbed")
 
@@ -187,7 +187,6 @@ class FedFTGStrategy(FlowerbedFedAvg):
 
     def _generator(self) -> Generator:
         cfg = self.cfg
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed * 100 + 71)
+        with cpu_seeded(cfg.seed * 100 + 71):
             gen = Generator(cfg.fedftg_z_dim, NUM_CLASSES[cfg.dataset], IMAGE_SHAPES[cfg.dataset])
         return gen if self.generator is None else load_record(gen, self.generator)

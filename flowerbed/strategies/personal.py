@@ -16,7 +16,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 
 from flowerbed.datasets.loading import DataSet
 from flowerbed.strategies.base import FlowerbedFedAvg
-from flowerbed.training import to_record
+from flowerbed.training import cpu_seeded, to_record
 
 log = logging.getLogger("flowerbed")
 
@@ -28,8 +28,7 @@ class PersonalStrategy(FlowerbedFedAvg):
             return [to_record(model)] * self.cfg.num_models
         out = []
         for k in range(self.cfg.num_models):
-            with torch.random.fork_rng(devices=[]):  # the CPU's only: no CUDA context on every GPU
-                torch.manual_seed(self.cfg.seed * 100 + k)
+            with cpu_seeded(self.cfg.seed * 100 + k):
                 for m in model.modules():
                     if hasattr(m, "reset_parameters"):
                         m.reset_parameters()
