@@ -11,8 +11,8 @@ import json
 import logging
 import math
 import os
+import secrets
 import socket
-import tempfile
 import textwrap
 import time
 import uuid
@@ -43,10 +43,9 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     temporary files of earlier writers of ``path`` on this host that were killed mid-write (each
     as large as the file) are removed."""
     here = f".{path.name}.{socket.gethostname()}."
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f"{here}{os.getpid()}.", suffix=".tmp")
-    tmp = Path(name)
-    try:
-        with open(fd, "wb") as f:
+    tmp = path.with_name(f"{here}{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:  # (not mkstemp: its files are 0600, and a run's are read by other users and containers)
+        with open(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666), "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())

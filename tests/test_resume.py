@@ -276,6 +276,9 @@ def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
         f.write_bytes(b"half a checkpoint")
     checkpoint.write_synced(tmp_path / "checkpoint.pt", {"round": 1})
     assert [f.exists() for f in left] == [False, False, True, True, True]
+    umask = os.umask(0)
+    os.umask(umask)  # a run's files are readable as the umask says (mkstemp's were 0600 only)
+    assert (tmp_path / "checkpoint.pt").stat().st_mode & 0o777 == 0o666 & ~umask
     assert torch.load(tmp_path / "checkpoint.pt")["round"] == 1
 
 
