@@ -155,6 +155,8 @@ def resume_overrides(run_dir: str) -> tuple[dict[str, Any], int]:
 
     keys = set(defaults())  # keys added since the run: as it ran without them (INHERITED)
     rc = with_added_keys({k: v for k, v in saved.items() if k in keys}, defaults())
+    if "server-device-used" not in saved:  # before the key, "server-device" was the device used
+        rc["server-device"] = defaults()["server-device"]  # (not a choice to pin on another machine)
     rc.update({"resume": str(path), "output-dir": str(path.parent), "run-name": path.name})
     return rc, n
 

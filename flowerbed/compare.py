@@ -595,7 +595,8 @@ def seeds_table(summary: dict[str, dict[str, Any]], overrides: dict[str, Any], n
 
 #: run-config keys that name where a run is, not what it is: never listed as a difference
 BOOKKEEPING = {"run-name", "output-dir", "resume", "data-root", "client-state-dir", "method",
-               "fault-crash-after"}  # a run it crashed, once resumed, equals an unbroken one
+               "fault-crash-after",  # a run it crashed, once resumed, equals an unbroken one
+               "server-device"}  # where it ran (before the key, config.json held the device used)
 
 
 def read_values(configs: Any, key: str) -> set[str]:

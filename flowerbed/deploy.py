@@ -209,6 +209,7 @@ def gpu_env(node: int) -> dict[str, str]:
     nothing where the machine has fewer than two."""
     if (chosen := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
         ids = [d.strip() for d in chosen.split(",") if d.strip()]
+        ids = ids[:next((i for i, d in enumerate(ids) if d.startswith("-")), len(ids))]  # (CUDA stops there)
         return {"CUDA_VISIBLE_DEVICES": ids[node % len(ids)]} if len(ids) > 1 else {}
     import torch
 

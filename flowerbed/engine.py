@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import json
 import logging
 import math
@@ -80,27 +81,30 @@ def _port_choices() -> tuple[int, int]:
 
 
 _HANDED_OUT: set[int] = set()  # this process's picks: a port not yet bound by its server is not free
-PICKED = Path(tempfile.gettempdir()) / "flowerbed-ports"  # <port>: the pid of the process that picked it
+PICKED = Path(tempfile.gettempdir()) / f"flowerbed-ports-{os.getuid()}"  # <port>: "<pid> [<start>]"
 
 
 def _claim(port: int) -> bool:
-    """Whether ``port`` is ours to hand out: no other running process on this machine picked it
+    """Whether ``port`` is ours to hand out: no other running process of this user picked it
     (two launchers, or two test workers, could pick the same port before either's server binds
     it). Claims of processes no longer running are dropped; where the folder cannot be used, the
     bind check is all there is."""
     try:
-        PICKED.mkdir(exist_ok=True)
-        for f in PICKED.iterdir():
-            with contextlib.suppress(OSError, ValueError):
-                if not _alive(int(f.read_text())):
-                    f.unlink()
-        fd = os.open(PICKED / str(port), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        PICKED.mkdir(mode=0o700, exist_ok=True)
+        with open(PICKED / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # (released with the file)
+            for f in PICKED.iterdir():
+                with contextlib.suppress(OSError, ValueError):
+                    pid, *start = map(int, f.read_text().split())
+                    if f.name != ".lock" and not _alive(pid, *start):
+                        f.unlink()
+            fd = os.open(PICKED / str(port), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{os.getpid()} {start_time(os.getpid()) or ''}")
     except FileExistsError:
         return False
     except OSError:
         return True
-    with os.fdopen(fd, "w") as f:
-        f.write(str(os.getpid()))
     return True
 
 

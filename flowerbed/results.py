@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import re
 import secrets
 import socket
 import textwrap
@@ -57,8 +58,9 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     from flowerbed.engine import _alive
 
     for stale in path.parent.glob(f"{glob.escape(here)}*.tmp"):  # another host's may be live
-        pid = stale.name[len(here):].split(".")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        # (<pid>.tmp: flowerbed's former name; a host named <this host>.<more> does not match)
+        if (m := re.fullmatch(r"(\d+)(\.[0-9a-f]{8})?\.tmp", stale.name[len(here):])) and not _alive(
+                int(m[1])):
             with contextlib.suppress(OSError):
                 stale.unlink()
 
@@ -346,22 +348,24 @@ def refuse_existing(run_dir: Path) -> None:
 
     run_dir = Path(run_dir)
     metrics = run_dir / "metrics.jsonl"
-    if metrics.exists() and metrics.stat().st_size > 0:
-        raise ConfigError("run-name", run_dir.name, f"{run_dir} already holds a run; continue "
-                          f"it with `flowerbed run --resume {run_dir}` (plain flwr: "
-                          "resume='<that folder>') or choose another run-name")
-    if run_dir.is_dir() and not (run_dir / "config.json").exists():  # config.json: a run's folder
-        try:  # (hidden files: our locks and temporary files, the system's .DS_Store, .nfs...)
-            others = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".")
-                            and p != metrics)  # (empty: a run stopped before its config was written)
-        except OSError as e:
-            raise ConfigError("run-name", run_dir.name,
-                              f"{run_dir} cannot be listed ({e.strerror})") from None
-        if others:
-            raise ConfigError("run-name", run_dir.name, f"{run_dir} holds files that are not a "
-                              f"run's ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); "
-                              "a new run writes into a new or empty folder: choose another "
-                              "run-name or output-dir")
+    try:
+        if metrics.exists() and metrics.stat().st_size > 0:
+            raise ConfigError("run-name", run_dir.name, f"{run_dir} already holds a run; continue "
+                              f"it with `flowerbed run --resume {run_dir}` (plain flwr: "
+                              "resume='<that folder>') or choose another run-name")
+        others = []
+        if run_dir.is_dir() and not (run_dir / "config.json").exists():  # config.json: a run's folder
+            # hidden files (our locks and temporary files, the system's .DS_Store, .nfs...) and an
+            # empty metrics.jsonl (a run stopped before its config was written) are no strangers
+            others = sorted(p.name for p in run_dir.iterdir() if p != metrics
+                            and not (p.name.startswith(".") and p.is_file()))
+    except OSError as e:
+        raise ConfigError("run-name", run_dir.name, f"{run_dir} cannot be read ({e.strerror})") from None
+    if others:
+        raise ConfigError("run-name", run_dir.name, f"{run_dir} holds files that are not a "
+                          f"run's ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); "
+                          "a new run writes into a new or empty folder: choose another "
+                          "run-name or output-dir")
 
 
 def pct(v: float | None) -> str:

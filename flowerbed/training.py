@@ -32,7 +32,7 @@ def cpu_seeded(seed: int):
     ``torch.manual_seed`` would reseed CUDA's for good (fork_rng(devices=[]) puts back the
     CPU's only), and asking fork_rng for CUDA's would make a context on every GPU."""
     with torch.random.fork_rng(devices=[]):
-        torch.random.default_generator.manual_seed(seed)
+        torch.random.default_generator.manual_seed(int(seed))
         yield
 
 

@@ -1138,6 +1138,11 @@ def test_table_over_seeds_groups_by_what_each_method_reads(tmp_path, capsys):
         table(*old, *prox)
     text = table(runs[1], runs[3], runs[2], runs[0])
     assert "Settings that differ" not in text
+    # where a run ran is no setting: a run from before server-device held the device used there
+    dev = [fake_run(tmp_path, f"dev{s}", method="fedavg", seed=s, **({"server-device": "cpu"} if s else {}))
+           for s in (0, 1)]
+    text = table(*dev)
+    assert "| fedavg | " in text and "server-device" not in text
     fx = [fake_run(tmp_path, f"fx{b}{s}", method="fedx", seed=s, **{"fedx-base": b})
           for b in ("simclr", "byol") for s in (0, 1)]
     rows = [r.split(" | ")[0] for r in table(*fx).splitlines() if r.startswith("| ")][1:]

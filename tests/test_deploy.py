@@ -129,7 +129,10 @@ def test_ports_we_pick_are_outside_the_kernels_ephemeral_range(monkeypatch, tmp_
         (tmp_path / "ports" / "12348").write_text(dead)
         picks = iter([12347, 12348])
         assert free_port() == 12348
-        assert (tmp_path / "ports" / "12348").read_text() == str(os.getpid())
+        assert (tmp_path / "ports" / "12348").read_text() == f"{os.getpid()} {start_time(os.getpid())}"
+        (tmp_path / "ports" / "12349").write_text(f"{os.getppid()} 1")  # its pid, now another's
+        picks = iter([12349])
+        assert free_port() == 12349
     # a range widened to start low (1024-65535 is common tuning) left one port to pick from:
     # every SuperNode got 10000 (from a review)
     monkeypatch.setattr(engine, "_ephemeral_range", lambda: (1024, 60999))
@@ -164,7 +167,9 @@ def test_supernodes_spread_over_several_gpus(monkeypatch, tmp_path):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # the user's choice: spread over those two
     assert [deploy.gpu_env(i) for i in range(3)] == [
         {"CUDA_VISIBLE_DEVICES": "2"}, {"CUDA_VISIBLE_DEVICES": "3"}, {"CUDA_VISIBLE_DEVICES": "2"}]
-    for one in ("1", "", "GPU-8d2f"):  # one GPU (or none) for every node: left as set
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,-1,1")  # CUDA reads up to the first invalid id
+    assert deploy.gpu_env(2) == {"CUDA_VISIBLE_DEVICES": "2"}
+    for one in ("1", "", "GPU-8d2f", "0,-1,1"):  # one GPU (or none) for every node: left as set
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", one)
         assert deploy.gpu_env(1) == {}
     (tmp_path / "logs").mkdir()

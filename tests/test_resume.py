@@ -87,6 +87,9 @@ def test_plain_flwr_gets_the_output_checks_before_the_data_loads(tmp_path, monke
         for name in ("metrics.jsonl", ".writer.lock", ".config.json.host.1.x.tmp", ".DS_Store"):
             (stopped / name).write_text("")
         refuse_existing(stopped)
+        (stopped / ".git").mkdir()  # a hidden folder: someone's
+        with pytest.raises(ConfigError, match=r"holds files that are not a run's \(\.git\)"):
+            refuse_existing(stopped)
     run_inprocess(config(tmp_path, "fedavg", "ok", **{"num-server-rounds": 1}), 2)
     assert json.loads((tmp_path / "ok" / "config.json").read_text())["server-device-used"] == "cpu"
     saved = json.loads((tmp_path / "ok" / "config.json").read_text())["software"]
@@ -589,6 +592,14 @@ def test_cli_resume_reuses_the_runs_config(tmp_path, monkeypatch):
     rc, n = cli.resume_overrides(str(tmp_path / "r"))
     assert n == 3 and rc["lr"] == 0.02 and rc["method"] == "scaffold"
     assert rc["resume"] == str(tmp_path / "r") and rc["run-name"] == "r"
+    saved = json.loads((tmp_path / "r" / "config.json").read_text())
+    for chosen, used, resumed in [("cpu", "cpu", "cpu"), (None, "cuda", "auto")]:
+        # the server-device chosen is resumed; a run from before the key held the device used
+        # there (a GPU run resumed on a machine without one was refused for it)
+        (tmp_path / "r" / "config.json").write_text(json.dumps(
+            {**saved, "server-device": chosen or used} if chosen else
+            {**{k: v for k, v in saved.items() if k != "server-device-used"}, "server-device": used}))
+        assert cli.resume_overrides(str(tmp_path / "r"))[0]["server-device"] == resumed
     with pytest.raises(ConfigError, match="no such folder"):
         cli.resume_overrides(str(tmp_path / "nothing-here"))
     (tmp_path / "r" / "config.json").write_text("{")
