@@ -1,9 +1,10 @@
 """The SuperNode-dropout scenario shared by the loopback and the network-namespace deployment
 tests: start a run, kill one SuperNode once round 1 is logged (round 2's messages are then out),
-and check what the metrics say about it."""
+start it again or not, and check what the metrics say about it."""
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import time
@@ -58,3 +59,16 @@ def assert_dropped(rows: list[dict], node: int, num_nodes: int) -> None:
     lost = [p for r in rows[2:] for p in r["clients-lost"]]
     assert set(failed) <= {node} and lost == [node], (failed, lost)
     assert rows[3]["clients-ok"] == num_nodes - 1
+
+
+def assert_rejoined(rows: list[dict], node: int, num_nodes: int, node_log: str) -> None:
+    """A 3-round run where ``node`` was killed in round 2 and its SuperNode started again: its
+    in-flight message fails, it is reported lost, and in round 3 its new node serves its
+    partition, its client having put back the state it filed in round 1 (or 2)."""
+    assert [r["round"] for r in rows] == [0, 1, 2, 3] and rows[1]["clients-ok"] == num_nodes
+    failed = [f["partition"] for r in rows[2:] for f in r["failures"]]
+    lost = [p for r in rows[2:] for p in r["clients-lost"]]
+    assert set(failed) <= {node} and lost == [node], (failed, lost)
+    answered = {int(p) for p, m in rows[3]["per-client"].items() if "train-examples" in m}
+    assert answered == set(range(num_nodes)), (answered, node_log[-3000:])
+    assert re.search(rf"partition {node}: restored its state from round [12] ", node_log), node_log[-3000:]

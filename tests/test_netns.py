@@ -1,9 +1,10 @@
 """Several hosts on one machine: the SuperLink and each SuperNode in a network namespace of its own
 (``ip netns`` + veth through a bridge), TLS with the SuperLink's address in its certificate, each
-SuperNode reading only its own data folder, and one SuperNode killed in the middle of round 2.
+SuperNode reading only its own data folder, and one SuperNode killed in the middle of round 2
+and started again.
 
 Needs root and iproute2 (CI runs as root); skipped, with the reason, elsewhere (where
-tests/test_deploy.py kills a SuperNode on loopback instead).
+tests/test_deploy.py kills and restarts a SuperNode on loopback instead).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import uuid
 
 import netns
 import pytest
-from dropout import assert_dropped, run_killing_node
+from dropout import assert_rejoined, run_killing_node
 from netns import Hosts, netns_usable
 
 from flowerbed import deploy
@@ -22,8 +23,12 @@ from flowerbed.datasets.federated import export_partitions, split_settings
 
 
 @pytest.mark.skipif(bool(reason := netns_usable()), reason=reason or "")
-def test_separate_hosts_with_tls_own_data_and_a_dropout(tmp_path):
-    rc = {"method": "fedavg", "num-server-rounds": 3, "train-samples": 1200, "test-samples": 300,
+def test_separate_hosts_with_tls_own_data_and_a_restarted_node(tmp_path):
+    """SuperNode 2 is killed in round 2 and started again on its host (as a user restarts a
+    crashed machine's SuperNode): it is reported lost, rejoins as partition 2 in round 3 and
+    puts back SCAFFOLD's c_i from its filed state (a dropout that stays away: the loopback
+    test_killed_supernode_mid_round, and the in-process fault tests)."""
+    rc = {"method": "scaffold", "num-server-rounds": 3, "train-samples": 1200, "test-samples": 300,
           "min-clients": 2, "eval-every": 3, "fraction-evaluate": 0.0,  # (checks read the server's)
           "output-dir": str(tmp_path), "run-name": "netns"}
     cfg = Config.from_run_config({k: v for k, v in rc.items() if k not in ("output-dir", "run-name")})
@@ -35,18 +40,20 @@ def test_separate_hosts_with_tls_own_data_and_a_dropout(tmp_path):
         with_data = [{"data-dir": str(f)} for f in folders]
         deploy.up(dep, 3, host="0.0.0.0", node_extra=with_data, cert_hosts=[sl], wrap=hosts.wrap)
         try:
-            summary, rows = run_killing_node(dep, rc, tmp_path / "netns.log")
+            restart = lambda: deploy.start_node(dep, 2, 3, with_data[2], hosts.wrap("supernode-2"))  # noqa: E731
+            summary, rows = run_killing_node(dep, rc, tmp_path / "netns.log", restart=restart)
         finally:
             deploy.down(dep)
     finally:
         hosts.remove()
-    assert_dropped(rows, node=2, num_nodes=3)
+    assert_rejoined(rows, node=2, num_nodes=3,
+                    node_log=(tmp_path / "home" / "logs" / "supernode-2.log").read_text(errors="replace"))
     config = json.loads((tmp_path / "netns" / "config.json").read_text())  # the folders' split
     exported = split_settings(cfg)
     assert config["client-data"] == {"own-folders": 3, "clients": 3, "exported-with": exported,
                                      "by-partition": {str(i): exported for i in range(3)}}
     assert summary["final-accuracy"] > rows[0]["accuracy"]
-    for i in (0, 1):  # the SuperNodes trained on their own folders, over the network, with TLS
+    for i in range(3):  # the SuperNodes trained on their own folders, over the network, with TLS
         node_log = (tmp_path / "home" / "logs" / f"supernode-{i}.log").read_text()
         assert "--insecure" not in " ".join(deploy.supernode_cmd(dep, i, 3, 1))
         assert f"from its own data folder {folders[i]}" in node_log

@@ -272,8 +272,8 @@ def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
     here = f".checkpoint.pt.{socket.gethostname()}."
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True).stdout.strip()
-    left = [tmp_path / f"{here}{dead}.tmp", tmp_path / f"{here}{dead}.k2x9_q.tmp",  # (each write's own)
-            tmp_path / f"{here}{os.getppid()}.tmp", tmp_path / f"{here}{os.getppid()}.a1b2.tmp",
+    left = [tmp_path / f"{here}{dead}.tmp", tmp_path / f"{here}{dead}.0a1b2c3d.tmp",  # (each write's own)
+            tmp_path / f"{here}{os.getppid()}.tmp", tmp_path / f"{here}{os.getppid()}.a1b2c3d4.tmp",
             tmp_path / ".checkpoint.pt.other-host.1.tmp"]
     for f in left:
         f.write_bytes(b"half a checkpoint")
