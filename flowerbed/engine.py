@@ -81,7 +81,7 @@ def _port_choices() -> tuple[int, int]:
 
 
 _HANDED_OUT: set[int] = set()  # this process's picks: a port not yet bound by its server is not free
-PICKED = Path(tempfile.gettempdir()) / f"flowerbed-ports-{os.getuid()}"  # <port>: "<pid> [<start>]"
+PICKED = Path(tempfile.gettempdir()) / f"flowerbed-ports-{os.getuid()}"  # <port>: its picker's pid file
 
 
 def _claim(port: int) -> bool:
@@ -93,14 +93,11 @@ def _claim(port: int) -> bool:
         PICKED.mkdir(mode=0o700, exist_ok=True)
         with open(PICKED / ".lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # (released with the file)
-            for f in PICKED.iterdir():
-                with contextlib.suppress(OSError, ValueError):
-                    pid, *start = map(int, f.read_text().split())
-                    if f.name != ".lock" and not _alive(pid, *start):
-                        f.unlink()
-            fd = os.open(PICKED / str(port), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{os.getpid()} {start_time(os.getpid()) or ''}")
+            for f in PICKED.glob("[0-9]*"):
+                if (picker := _read_pid(f)) is not None and not _alive(*picker):
+                    f.unlink(missing_ok=True)
+            os.close(os.open(PICKED / str(port), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            _write_pid(PICKED / str(port), os.getpid())
     except FileExistsError:
         return False
     except OSError:

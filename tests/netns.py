@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import subprocess
 import uuid
 from pathlib import Path
 
-from flowerbed.engine import _alive, start_time
+from flowerbed.engine import _alive, _read_pid, _write_pid
 
 SUBNET = "10.231.0"
 OWNERS = Path("/run/flowerbed-netns")  # <tag>.pid: whose namespaces (a tmpfs: gone at reboot, as they are)
@@ -41,7 +40,7 @@ class Hosts:
         reap_stale()
         tag = self.tag = uuid.uuid4().hex[:5]
         OWNERS.mkdir(exist_ok=True)
-        (OWNERS / f"{tag}.pid").write_text(f"{os.getpid()} {start_time(os.getpid())}")
+        _write_pid(OWNERS / f"{tag}.pid", os.getpid())
         self.ports: list[str] = []
         self.switch = f"fbsw{tag}"
         self.ns = {name: f"fb{i}{tag}" for i, name in enumerate(names)}
@@ -89,7 +88,5 @@ def reap_stale() -> None:
     """What a test run killed before its clean-up left (its root interface holds the subnet's .1,
     so the next run's would not be reached): the Hosts of processes no longer running."""
     for owner in OWNERS.glob("*.pid"):
-        with contextlib.suppress(OSError, ValueError):
-            pid, start = map(int, owner.read_text().split())
-            if not _alive(pid, start):
-                remove(owner.stem)
+        if (pid := _read_pid(owner)) is not None and not _alive(*pid):
+            remove(owner.stem)

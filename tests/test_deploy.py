@@ -128,8 +128,8 @@ def test_ports_we_pick_are_outside_the_kernels_ephemeral_range(monkeypatch, tmp_
         (tmp_path / "ports" / "12348").write_text(dead)
         picks = iter([12347, 12348])
         assert free_port() == 12348
-        assert (tmp_path / "ports" / "12348").read_text() == f"{os.getpid()} {start_time(os.getpid())}"
-        (tmp_path / "ports" / "12349").write_text(f"{os.getppid()} 1")  # its pid, now another's
+        assert engine._read_pid(tmp_path / "ports" / "12348") == (os.getpid(), start_time(os.getpid()))
+        (tmp_path / "ports" / "12349").write_text(json.dumps({"pid": os.getppid(), "start": 1}))  # reused pid
         picks = iter([12349])
         assert free_port() == 12349
     # a range widened to start low (1024-65535 is common tuning) left one port to pick from:

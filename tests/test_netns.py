@@ -70,7 +70,7 @@ def test_what_a_killed_test_run_left_is_removed_before_new_hosts_are_made():
                           text=True, check=True).stdout.strip()
     tag = f"d{uuid.uuid4().hex[:4]}"
     netns.OWNERS.mkdir(exist_ok=True)
-    (netns.OWNERS / f"{tag}.pid").write_text(f"{dead} 1")
+    (netns.OWNERS / f"{tag}.pid").write_text(json.dumps({"pid": int(dead), "start": 1}))
     netns.sh("ip", "netns", "add", f"fbsw{tag}")
     netns.sh("ip", "link", "add", f"fbr{tag}", "type", "veth", "peer", "name", f"fbp{tag}")  # as _plug
     netns.reap_stale()
