@@ -50,6 +50,7 @@ log = logging.getLogger("flowerbed")
 RESTORED = "flowerbed.restored"  # our marker in context.state: restore was done for this run
 KEEP = 2
 RELEASED = "released."  # prefix of records a client has sent out for good (see restore)
+# (FedXDS kept its release here before it got a file of its own: read from older runs' state)
 
 
 def run_key(run_dir: Path, run_id: str | None) -> str:

@@ -155,9 +155,11 @@ def test_compare_over_seeds_through_the_cli(tmp_path):
 
 
 def test_fedxds_end_to_end(superlink, tmp_path):
-    """Warm-up round 1 (with sharing), then main rounds with D_g sent once to each client."""
+    """Warm-up round 1 (with sharing), then main rounds with D_g sent once to each client; each
+    client's release and D_g are files beside its filed state, not in it."""
     s = run(superlink, tmp_path, "fedxds", method="fedxds", **{
-        "num-server-rounds": 3, "fedxds-warmup-rounds": 1, "fedxds-share-fraction": 0.2})
+        "num-server-rounds": 3, "fedxds-warmup-rounds": 1, "fedxds-share-fraction": 0.2,
+        "client-state-dir": str(tmp_path / "state")})
     rows = read_metrics(tmp_path / "fedxds")
     assert [r["clients-ok"] for r in rows[1:]] == [3, 3, 3]
     model = rows[3]["bytes-down"]  # round 3: the model only
@@ -166,6 +168,13 @@ def test_fedxds_end_to_end(superlink, tmp_path):
     cfg = json.loads((tmp_path / "fedxds" / "config.json").read_text())
     assert cfg["fedxds-noise-from"] == "sigma" and cfg["fedxds-epsilon-per-unit-l2"] > 0
     assert s["final-accuracy"] is not None
+    (run_state,) = (tmp_path / "state").iterdir()
+    assert len(list(run_state.glob("fedxds-pool-*.pt"))) == 1
+    released = [(run_state / f"partition-{i}" / "fedxds-release.pt").stat().st_size for i in range(3)]
+    assert sum(released) > 0.9 * 0.2 * 1500 * 784 * 2  # 20 % of the 1500 samples, float16
+    for i in range(3):
+        (filed,) = (run_state / f"partition-{i}").glob("round-3.*.pt")
+        assert filed.stat().st_size < 10_000
 
 
 def test_fedade_end_to_end(superlink, tmp_path):

@@ -194,26 +194,44 @@ def test_the_server_cannot_regenerate_the_noise():
 def test_a_repeated_share_round_resends_the_same_release(tmp_path):
     """Two releases of the same images with independent noise add up to σ/√2; the recorded ε is
     for one. A retried share round, or one a resumed run repeats because the server died before
-    its checkpoint, gets the first release again (filed with the client's state)."""
+    its checkpoint, gets the first release again: filed once, before it leaves, beside the
+    client's state but not in it (context.state is carried with every message and filed every
+    round; the release is up to hundreds of MB on SVHN)."""
     from flowerbed import client_state
+    from flowerbed.clients.fedxds import RELEASE_FILE, RELEASED
 
     cfg = Config.from_run_config({**SMALL, **LOUD, "client-state-dir": str(tmp_path)})
-    ctx = Context(run_id=1, node_id=3, node_config={"partition-id": 0, "num-partitions": 4},
-                  state=RecordDict(), run_config=cfg.to_run_config())
-    client = ALL_METHODS["fedxds"].client(cfg, ctx)
+
+    def context(state=None):
+        return Context(run_id=1, node_id=3, node_config={"partition-id": 0, "num-partitions": 4},
+                       state=state or RecordDict(), run_config=cfg.to_run_config())
+
+    ctx = context()
     model = to_record(make_model(cfg, train_set(cfg)))
 
-    def ask(c):
-        return c.train(sent(3, RecordDict({"arrays": model, "config": ConfigRecord(
-            {"server-round": 3, "fedxds-phase": "share"})}))).content["shared"]["x"].numpy()
+    def ask(c, run_key="run-a"):
+        return ALL_METHODS["fedxds"].client(cfg, c).train(sent(3, RecordDict({"arrays": model, "config": (
+            ConfigRecord({"server-round": 3, "fedxds-phase": "share", "run-key": run_key}))}))
+        ).content["shared"]["x"].numpy()
 
-    first = ask(client)
-    assert np.array_equal(first, ask(client))  # retried in the same run
+    first = ask(ctx)
+    filed = tmp_path / "run-a" / "partition-0" / RELEASE_FILE
+    assert filed.is_file() and not ctx.state.array_records  # filed, not in the context
+    assert np.array_equal(first, ask(ctx))  # retried in the same run
     client_state.save(cfg, ctx, "run-a", 0, 3)  # filed after round 3, then the server died
-    resumed = Context(run_id=2, node_id=3, node_config={"partition-id": 0, "num-partitions": 4},
-                      state=RecordDict(), run_config=cfg.to_run_config())
+    assert (tmp_path / "run-a" / "partition-0" / "round-3.attempt-0.pt").stat().st_size < 10_000
+    resumed = context()
     client_state.restore(cfg.replace(resume="x"), resumed, "run-a", 0, 3)  # resumes at round 3
-    assert np.array_equal(first, ask(ALL_METHODS["fedxds"].client(cfg, resumed)))
+    assert np.array_equal(first, ask(resumed))
+    filed.write_bytes(b"damaged")  # never a second draw in its place
+    with pytest.raises(RuntimeError, match="fedxds-release.pt is unreadable.*weaken the stated"):
+        ask(context())
+    # a release an older flowerbed filed with the client's state is re-sent, and moved to the file
+    older = context(RecordDict({RELEASED: ArrayRecord({"x": Array(first), "y": Array(np.zeros(
+        len(first), np.int64))})}))
+    assert np.array_equal(first, ask(older, "run-b")) and not older.state.array_records
+    assert (tmp_path / "run-b" / "partition-0" / RELEASE_FILE).is_file()
+    assert not np.array_equal(first, ask(context(), "run-c"))  # another run draws its own
 
 
 def test_d_g_is_kept_in_one_file_not_in_the_context(tmp_path):

@@ -36,6 +36,7 @@ from flwr.app import Message
 from torch import nn
 from torch.nn import functional as F
 
+from flowerbed.client_state import run_key_of
 from flowerbed.clients.fedxds import FedXDSClient
 from flowerbed.config import Config
 from flowerbed.datasets.loading import IMAGE_SHAPES, NUM_CLASSES, STATS
@@ -80,7 +81,8 @@ class FedFedClient(FedXDSClient):
         net = load_record(make_fedfed_net(cfg), msg.content["arrays"]).to(self.device)
         metrics = {"num-examples": len(self.train_data), "has-pool": 0}
         if phase == "share":  # x_s of the federation's VAE, as received; no training
-            return self.reply(msg, metrics, arrays=msg.content["arrays"], **{SHARED: self.release(net, rnd)})
+            released = self.release(net, rnd, run_key_of(msg))
+            return self.reply(msg, metrics, arrays=msg.content["arrays"], **{SHARED: released})
         gen = seeded_generator(cfg.seed, self.partition_id, rnd)
         net.vae.generator = generator_of(cfg.seed, self.partition_id, rnd, 1)
         metrics["vae-loss"], _ = train_epochs(

@@ -9,7 +9,9 @@ added, drawn from the OS's randomness unless ``fedxds-noise='seeded'``). The poo
 arrives once and is kept in a file beside the client's filed state
 (``<client-state-dir>/<run-key>/fedxds-pool-<digest>.pt``, written once), with only its digest
 in ``context.state``: D_g (47 MB for Fashion-MNIST, about 300 MB for CIFAR) is not carried in
-the context Flower passes around with every message, nor filed again every round.
+the context Flower passes around with every message, nor filed again every round. The client's own
+release (drawn once, re-sent if its share round is repeated) is kept the same way, in
+``<client-state-dir>/<run-key>/partition-<i>/fedxds-release.pt``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from flowerbed.training import cycled_batches, generator_of, seeded_generator, t
 
 log = logging.getLogger("flowerbed")
 STATE = "fedxds.pool"  # ConfigRecord {"digest": D_g's}: D_g itself is in pool_file()
-RELEASED = client_state.RELEASED + "fedxds.shared"  # this client's own upload to D_g
+RELEASE_FILE = "fedxds-release.pt"  # this client's own upload to D_g, in its state folder
+# where the release was kept before (state filed by an older flowerbed; a message without a run key)
+RELEASED = client_state.RELEASED + "fedxds.shared"
 
 
 class FedXDSClient(Client):
@@ -96,16 +100,37 @@ class FedXDSClient(Client):
         loss, _ = self.fit(model, msg, rnd, **hooks)
         metrics = {"num-examples": len(self.train_data), "train-loss": loss,
                    "has-pool": int(pool is not None)}
-        extra = {SHARED: self.release(model, rnd)} if phase == "share" else {}
+        extra = {SHARED: self.release(model, rnd, run_key)} if phase == "share" else {}
         return self.reply(msg, metrics, arrays=to_record(model), **extra)
 
-    def release(self, model: nn.Module, rnd: int) -> ArrayRecord:
-        """The client's shared samples, drawn once: a repeated share round (a retry, or a resumed
-        run whose server died before that round's checkpoint) re-sends the same release; a fresh
-        draw of noise on the same images would add up to less noise than the recorded ε."""
-        released = self.context.state.array_records.get(RELEASED)
-        if released is None:
-            released = self.context.state[RELEASED] = self.shared_samples(model, rnd)
+    def release(self, model: nn.Module, rnd: int, run_key: str) -> ArrayRecord:
+        """The client's shared samples, drawn once and filed before they leave: a repeated share
+        round (a retry, or a resumed run whose server died before that round's checkpoint)
+        re-sends the same release; a fresh draw of noise on the same images would add up to less
+        noise than the recorded ε. The file is not in ``context.state``, which Flower carries with
+        every message and the client files every round (up to hundreds of MB on SVHN). A message
+        without a run key (never the server's) files nothing: the release stays in the context."""
+        state = self.context.state
+        if not run_key:
+            if RELEASED not in state.array_records:
+                state[RELEASED] = self.shared_samples(model, rnd)
+            return state[RELEASED]
+        path = client_state.folder(self.cfg, run_key, self.partition_id) / RELEASE_FILE
+        if path.exists():
+            try:
+                kept = torch.load(path, map_location="cpu", weights_only=True)
+                return ArrayRecord({k: Array(kept[k].numpy()) for k in ("x", "y")})
+            except Exception as e:  # never a second draw behind the user's back
+                why = (str(e).splitlines() or [""])[0][:120]
+                raise RuntimeError(
+                    f"partition {self.partition_id}: its FedXDS release {path} is unreadable "
+                    f"({type(e).__name__}: {why}); a new draw of noise would weaken the stated "
+                    "(ε, δ). Restore the file, or remove it to release anew at that cost") from e
+        legacy = state.array_records.get(RELEASED)  # restored from an older flowerbed's state
+        released = legacy if legacy is not None else self.shared_samples(model, rnd)
+        _write_xy(path, released)
+        if legacy is not None:
+            del state[RELEASED]
         return released
 
     def pool_file(self, run_key: str, digest: str) -> Path:
@@ -119,8 +144,7 @@ class FedXDSClient(Client):
         key = digest(shared)
         path = self.pool_file(run_key, key)
         if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_synced(path, {k: torch.from_numpy(shared[k].numpy()) for k in ("x", "y")})
+            _write_xy(path, shared)
         self.context.state[STATE] = ConfigRecord({"digest": key})
 
     def pool(self, run_key: str) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -149,6 +173,12 @@ class FedXDSClient(Client):
             return lam * F.cross_entropy(m(x[idx].to(self.device).float()), y[idx].to(self.device))
 
         return hook
+
+
+def _write_xy(path: Path, record: ArrayRecord) -> None:
+    """Samples ``x`` and labels ``y`` of ``record`` to ``path``, atomically, on disk on return."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_synced(path, {k: torch.from_numpy(record[k].numpy()) for k in ("x", "y")})
 
 
 @functools.lru_cache(maxsize=1)
