@@ -128,9 +128,9 @@ def decode(obj: Any, blob_dir: Path | None = None) -> Any:
     return obj
 
 
-def write_synced(path: Path, payload: Any) -> None:
+def write_synced(path: Path, payload: Any, exclusive: bool = False) -> None:
     """``torch.save`` to ``path`` atomically (:func:`~flowerbed.results.write_atomic`)."""
-    write_atomic(path, lambda f: torch.save(payload, f))
+    write_atomic(path, lambda f: torch.save(payload, f), exclusive)
 
 
 # ---------------------------------------------------------------------- RNG

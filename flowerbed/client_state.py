@@ -34,6 +34,7 @@ import contextlib
 import glob
 import hashlib
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
@@ -150,7 +151,7 @@ def restore(cfg: Config, context: Context, run_key: str, partition_id: int, serv
         # that what it files from now on sits beside it (a second crash finds both); the old
         # folder is left as it is (a copied run's original still owns it)
         try:
-            shutil.copytree(old, d)
+            _copy_folder(old, d)
         except OSError as e:
             log.warning("partition %d: could not copy its state from %s to %s (%s); read there",
                         partition_id, old, d, e)
@@ -196,6 +197,32 @@ def _copy_run_files(old: Path, new: Path) -> None:
         if f.is_file() and not f.name.startswith(".") and not (new / f.name).exists():
             with open(f, "rb") as src:
                 write_atomic(new / f.name, lambda out, src=src: shutil.copyfileobj(src, out))
+
+
+def _copy_folder(old: Path, new: Path) -> None:
+    """``old`` copied to ``new`` whole or not at all (a copy cut short by a full disk or a kill
+    would otherwise pass for the partition's folder, without the files it lacks)."""
+    tmp = new.with_name(f".{new.name}.copy-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        shutil.copytree(old, tmp)
+        tmp.rename(new)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not new.is_dir():  # (else another process of this partition made it first)
+            raise
+
+
+def filed_file(cfg: Config, run_key: str, partition_id: int, name: str) -> Path | None:
+    """The file ``name`` this run keeps in the partition's state folder, or, where the run's
+    folder was renamed or copied and the copy could not be made, under the run's former name."""
+    here = folder(cfg, run_key, partition_id) / name
+    if here.is_file():
+        return here
+    run_id = glob.escape(run_key.rsplit("-", 1)[-1])
+    found = [p for p in root(cfg).glob(f"*-{run_id}/partition-{partition_id}/{glob.escape(name)}")
+             if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
 def _filed_under_another_name(cfg: Config, run_key: str, partition_id: int) -> Path | None:

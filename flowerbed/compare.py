@@ -284,9 +284,7 @@ def earlier_run(run_dir: Path, rc: dict[str, Any], num_clients: int) -> str:
                           "rerun without --resume (it is moved aside) or pass its settings again")
     asked = current["num-server-rounds"]
     if done == asked:
-        same_run = {"resume", "run-name", "output-dir", "num-server-rounds",
-                    "server-device"}  # (where it ran; before the key, config.json held the device used)
-        changed = [k for k in sorted(RESUMABLE_CHANGES - same_run)
+        changed = [k for k in sorted(RESUMABLE_CHANGES - BOOKKEEPING - {"num-server-rounds"})
                    if saved.get(k, current.get(k)) != current.get(k)]
         if changed:  # a finished run is kept only if it ran with what this comparison asks for
             shown = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed)

@@ -37,12 +37,13 @@ def _clean(v: Any) -> Any:
     return v
 
 
-def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+def write_atomic(path: Path, write: Callable[[BinaryIO], object], exclusive: bool = False) -> None:
     """``write`` to ``path`` so that a crash, a kill or a power loss mid-write leaves the
     previous file intact and a reader in another process finds the whole file or none: into a
     temporary file of its own (named for this host and process), flushed to disk, renamed. The
     temporary files of earlier writers of ``path`` on this host that were killed mid-write (each
-    as large as the file) are removed."""
+    as large as the file) are removed. ``exclusive``: ``path`` is written only if it does not
+    exist, else FileExistsError (of two writers at once, exactly one wins)."""
     here = f".{path.name}.{socket.gethostname()}."
     tmp = path.with_name(f"{here}{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:  # (not mkstemp: its files are 0600, and a run's are read by other users and containers)
@@ -50,7 +51,11 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if exclusive:  # a hard link fails where the name exists; a rename would replace it
+            os.link(tmp, path)
+            tmp.unlink()
+        else:
+            os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()

@@ -234,6 +234,71 @@ def test_a_repeated_share_round_resends_the_same_release(tmp_path):
     assert not np.array_equal(first, ask(context(), "run-c"))  # another run draws its own
 
 
+def test_a_release_survives_a_rename_a_broken_copy_and_a_concurrent_draw(tmp_path, monkeypatch):
+    """From a review of the release file: (1) a renamed run copies its clients' folders to the new
+    name; a copy cut short (a full disk) left a folder without the release, and the repeated
+    share round drew again. The copy is now whole or absent, and the release is also looked up
+    under the run's former name. (2) Two handlers of one partition at once (a hung one of the
+    crashed attempt, say) both drew and the second replaced the first on disk, after both were
+    sent: the first filed is the one both send. (3) A release an older flowerbed kept in the
+    filed state leaves the context in any round, not only a repeated share round."""
+    import shutil
+
+    from flowerbed import client_state
+    from flowerbed.clients.fedxds import RELEASE_FILE, RELEASED
+
+    cfg = Config.from_run_config({**SMALL, **LOUD, "client-state-dir": str(tmp_path)})
+    model = to_record(make_model(cfg, train_set(cfg)))
+
+    def context(state=None):
+        return Context(run_id=1, node_id=3, node_config={"partition-id": 0, "num-partitions": 4},
+                       state=state or RecordDict(), run_config=cfg.to_run_config())
+
+    def ask(c, run_key, phase="share", client_cfg=cfg):
+        reply = ALL_METHODS["fedxds"].client(client_cfg, c).train(sent(3, RecordDict({
+            "arrays": model, "config": ConfigRecord({"server-round": 3, "fedxds-phase": phase,
+                                                     "run-key": run_key})})))
+        return reply.content["shared"]["x"].numpy() if phase == "share" else reply
+
+    first = ask(context(), "r-0123abcdef")
+    client_state.save(cfg, context(), "r-0123abcdef", 0, 3)
+    copytree = shutil.copytree
+
+    def full_disk(src, dst, **kw):
+        if str(src).endswith(RELEASE_FILE):
+            raise OSError(28, "No space left on device")
+        return shutil.copy2(src, dst, **kw)
+
+    monkeypatch.setattr(shutil, "copytree", lambda *a, **kw: copytree(*a, **kw, copy_function=full_disk))
+    resumed, resumed_cfg = context(), cfg.replace(resume="x")
+    client_state.restore(resumed_cfg, resumed, "moved-0123abcdef", 0, 3)
+    monkeypatch.setattr(shutil, "copytree", copytree)
+    assert not (tmp_path / "moved-0123abcdef" / "partition-0").exists()  # no half copy
+    assert not list((tmp_path / "moved-0123abcdef").glob(".partition-0*"))
+    assert np.array_equal(first, ask(resumed, "moved-0123abcdef", client_cfg=resumed_cfg))
+    # (2) another handler files its draw while this one draws: this one sends that one
+    from flowerbed.clients.fedxds import FedXDSClient
+
+    drawn = FedXDSClient.shared_samples
+
+    def raced(self, m, rnd):
+        mine = drawn(self, m, rnd)
+        self._file_release("r-race", drawn(self, m, rnd))  # the other handler's, filed first
+        return mine
+
+    monkeypatch.setattr(FedXDSClient, "shared_samples", raced)
+    sent_here = ask(context(), "r-race")
+    filed = torch.load(tmp_path / "r-race" / "partition-0" / RELEASE_FILE)["x"].numpy()
+    assert np.array_equal(sent_here, filed)
+    monkeypatch.setattr(FedXDSClient, "shared_samples", drawn)
+    # (3) restored with an older flowerbed's state, asked a main round: filed, out of the context
+    older = context(RecordDict({RELEASED: ArrayRecord({"x": Array(first), "y": Array(np.zeros(
+        len(first), np.int64))})}))
+    ask(older, "r-older", phase="warmup")
+    assert not older.state.array_records
+    assert np.array_equal(first, ask(context(), "r-older"))
+
+
 def test_d_g_is_kept_in_one_file_not_in_the_context(tmp_path):
     """D_g (tens to hundreds of MB) used to sit in context.state: carried with every message
     Flower passes a context, and filed again with the client's state every round. It is now

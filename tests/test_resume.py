@@ -286,6 +286,19 @@ def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
     assert torch.load(tmp_path / "checkpoint.pt")["round"] == 1
 
 
+def test_an_exclusive_write_never_replaces_a_file(tmp_path):
+    """FedXDS files a client's release only where none is: of two handlers of one partition that
+    drew at once, exactly one release may leave (from a review: a check, then a rename, let the
+    second replace the first after both were sent)."""
+    target = tmp_path / "release.pt"
+    checkpoint.write_synced(target, {"draw": 1}, exclusive=True)
+    with pytest.raises(FileExistsError):
+        checkpoint.write_synced(target, {"draw": 2}, exclusive=True)
+    assert torch.load(target)["draw"] == 1 and [p.name for p in tmp_path.iterdir()] == ["release.pt"]
+    checkpoint.write_synced(target, {"draw": 3})  # (the default replaces it)
+    assert torch.load(target)["draw"] == 3
+
+
 def test_large_constant_state_is_written_once(tmp_path):
     """FedXDS's D_g (47 MB on Fashion-MNIST, about 300 MB on CIFAR) was written and fsynced
     with every round's checkpoint. Large records of the strategy's state now live in blob files,

@@ -16,6 +16,7 @@ release (drawn once, re-sent if its share round is repeated) is kept the same wa
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import secrets
@@ -81,6 +82,7 @@ class FedXDSClient(Client):
         cfg, rnd = self.cfg, self.round_of(msg)
         phase = str(msg.content["config"].get("fedxds-phase", "warmup"))
         run_key = client_state.run_key_of(msg)
+        self.file_older_release(run_key)
         if SHARED in msg.content.array_records:
             self.keep_pool(msg.content[SHARED], run_key)
         model = self.model_from(msg.content["arrays"])
@@ -115,23 +117,36 @@ class FedXDSClient(Client):
             if RELEASED not in state.array_records:
                 state[RELEASED] = self.shared_samples(model, rnd)
             return state[RELEASED]
-        path = client_state.folder(self.cfg, run_key, self.partition_id) / RELEASE_FILE
-        if path.exists():
-            try:
-                kept = torch.load(path, map_location="cpu", weights_only=True)
-                return ArrayRecord({k: Array(kept[k].numpy()) for k in ("x", "y")})
-            except Exception as e:  # never a second draw behind the user's back
-                why = (str(e).splitlines() or [""])[0][:120]
-                raise RuntimeError(
-                    f"partition {self.partition_id}: its FedXDS release {path} is unreadable "
-                    f"({type(e).__name__}: {why}); a new draw of noise would weaken the stated "
-                    "(ε, δ). Restore the file, or remove it to release anew at that cost") from e
-        legacy = state.array_records.get(RELEASED)  # restored from an older flowerbed's state
-        released = legacy if legacy is not None else self.shared_samples(model, rnd)
-        _write_xy(path, released)
-        if legacy is not None:
+        self.file_older_release(run_key)
+        filed = client_state.filed_file(self.cfg, run_key, self.partition_id, RELEASE_FILE)
+        if filed is None:
+            self._file_release(run_key, self.shared_samples(model, rnd))
+            filed = client_state.folder(self.cfg, run_key, self.partition_id) / RELEASE_FILE
+        try:  # (what is filed, also where another handler of this partition filed its draw first)
+            kept = torch.load(filed, map_location="cpu", weights_only=True)
+            return ArrayRecord({k: Array(kept[k].numpy()) for k in ("x", "y")})
+        except Exception as e:  # never a second draw behind the user's back
+            why = (str(e).splitlines() or [""])[0][:120]
+            raise RuntimeError(
+                f"partition {self.partition_id}: its FedXDS release {filed} is unreadable "
+                f"({type(e).__name__}: {why}); a new draw of noise would weaken the stated "
+                "(ε, δ). Restore the file, or remove it to release anew at that cost") from e
+
+    def file_older_release(self, run_key: str) -> None:
+        """A release an older flowerbed kept in the client's state (restored with it) moves to
+        its file, out of the context."""
+        state = self.context.state
+        if run_key and RELEASED in state.array_records:
+            if client_state.filed_file(self.cfg, run_key, self.partition_id, RELEASE_FILE) is None:
+                self._file_release(run_key, state[RELEASED])
             del state[RELEASED]
-        return released
+
+    def _file_release(self, run_key: str, released: ArrayRecord) -> None:
+        """Filed only where none is (of two handlers of this partition at once, the first
+        wins; the other sends the winner's)."""
+        with contextlib.suppress(FileExistsError):
+            _write_xy(client_state.folder(self.cfg, run_key, self.partition_id) / RELEASE_FILE,
+                      released, exclusive=True)
 
     def pool_file(self, run_key: str, digest: str) -> Path:
         """Beside the run's filed client state (the run-key checked as there)."""
@@ -175,10 +190,11 @@ class FedXDSClient(Client):
         return hook
 
 
-def _write_xy(path: Path, record: ArrayRecord) -> None:
-    """Samples ``x`` and labels ``y`` of ``record`` to ``path``, atomically, on disk on return."""
+def _write_xy(path: Path, record: ArrayRecord, exclusive: bool = False) -> None:
+    """Samples ``x`` and labels ``y`` of ``record`` to ``path``, atomically, on disk on return
+    (``exclusive``: :func:`~flowerbed.results.write_atomic`'s)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_synced(path, {k: torch.from_numpy(record[k].numpy()) for k in ("x", "y")})
+    write_synced(path, {k: torch.from_numpy(record[k].numpy()) for k in ("x", "y")}, exclusive)
 
 
 @functools.lru_cache(maxsize=1)
