@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from flowerbed.config import Config, ConfigError, defaults, load_preset, parse_overrides
+from flowerbed.config import DATASETS, Config, ConfigError, defaults, load_preset, parse_overrides
 from flowerbed.results import writable_folder
 
 log = logging.getLogger("flowerbed")
@@ -51,16 +51,18 @@ def _federation_args(p: argparse.ArgumentParser, resumable: bool = False) -> Non
 
 
 # the launchers' shortcuts for the run-config keys users change most, over the preset and -c
-SHORTCUTS = {"method": "method", "partition": "partition", "rounds": "num-server-rounds", "seed": "seed"}
+SHORTCUTS = {"method": "method", "dataset": "dataset", "partition": "partition",
+             "rounds": "num-server-rounds", "seed": "seed"}
 
 
 def _shortcut_args(p: argparse.ArgumentParser, defaults: dict[str, Any], method: bool = False) -> None:
-    """--partition/--rounds/--seed (and --method): each sets its run-config key over the preset
-    and -c; ``defaults`` names the value a key none of them sets gets."""
+    """--dataset/--partition/--rounds/--seed (and --method): each sets its run-config key over
+    the preset and -c; ``defaults`` names the value a key none of them sets gets."""
     def default(key: str) -> str:
         return f"default: the preset's or -c's, else {defaults[key]}"
     if method:
         p.add_argument("--method", default=None, help=f"{default('method')} (`flowerbed methods`)")
+    p.add_argument("--dataset", default=None, help=f"one of {', '.join(DATASETS)}; {default('dataset')}")
     p.add_argument("--partition", default=None,
                    help=f"e.g. iid, dirichlet:0.1, pathological:2; {default('partition')}")
     p.add_argument("--rounds", type=int_in(1), default=None,
@@ -69,7 +71,8 @@ def _shortcut_args(p: argparse.ArgumentParser, defaults: dict[str, Any], method:
 
 
 def _with_shortcuts(overrides: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """``overrides`` (preset, then -c) with the --method/--partition/--rounds/--seed given."""
+    """``overrides`` (preset, then -c) with the --method/--dataset/--partition/--rounds/--seed
+    given."""
     given = {key: getattr(args, opt, None) for opt, key in SHORTCUTS.items()}
     return {**overrides, **{k: v for k, v in given.items() if v is not None}}
 
@@ -574,7 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated names or variants, e.g. fedavg,fedprox,scaffold or "
                         "\"fedsimclr,fedx,fedbyol,fedx@fedx-base='byol'\" (quoted, so that the "
                         "shell keeps the TOML string's quotes)")
-    _shortcut_args(c, COMPARE_DEFAULTS)
+    _shortcut_args(c, {**defaults(), **COMPARE_DEFAULTS})
     c.add_argument("--seeds", default=None,
                    help="comma-separated seeds, e.g. 0,1,2: every method once per seed "
                         "(<out>/seed-<s>/), then a table of mean ± std over the seeds")

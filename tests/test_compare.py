@@ -75,11 +75,12 @@ def test_run_and_deploy_take_the_compare_shortcuts(tmp_path, monkeypatch, capsys
         raise ConfigError("stop", 0, "here")
 
     monkeypatch.setattr(cli, "preflight", stop)
-    assert cli.main(["run", "--preset", PRESET, "-c", "seed=3 lr=0.05", "--method", "fedsimclr",
-                     "--partition", "iid", "--rounds", "4", "--seed", "7"]) == 2
+    assert cli.main(["run", "--preset", PRESET, "-c", "seed=3 lr=0.05 dataset='mnist'", "--method",
+                     "fedsimclr", "--partition", "iid", "--rounds", "4", "--seed", "7", "--dataset",
+                     "cifar10"]) == 2
     rc = seen[-1]
-    assert (rc["method"], rc["partition"], rc["num-server-rounds"], rc["seed"], rc["lr"]) == (
-        "fedsimclr", "iid", 4, 7, 0.05)
+    assert (rc["method"], rc["partition"], rc["num-server-rounds"], rc["seed"], rc["lr"], rc["dataset"]) == (
+        "fedsimclr", "iid", 4, 7, 0.05, "cifar10")
     assert cli.main(["run", "--preset", PRESET]) == 2 and seen[-1]["num-server-rounds"] == 10
     run = tmp_path / "r"
     run.mkdir()
@@ -94,6 +95,11 @@ def test_run_and_deploy_take_the_compare_shortcuts(tmp_path, monkeypatch, capsys
     assert "'0' is not an integer >= 1" in capsys.readouterr().err
     args = cli.build_parser().parse_args(["deploy", "run", "--method", "fedx", "--seed", "2"])
     assert cli._with_shortcuts({"seed": 0}, args) == {"method": "fedx", "seed": 2}
+    args = cli.build_parser().parse_args(["compare", "--methods", "fedavg", "--dataset", "svhn"])
+    assert cli.compare_overrides(args)["dataset"] == "svhn"  # (a data set ran only through -c)
+    monkeypatch.undo()  # the real preflight names a data set it does not know
+    assert cli.main(["run", "--dataset", "cifar11"]) == 2
+    assert "'dataset' = 'cifar11' is invalid: known data sets" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("bad", ["0,x", "1,1", ","])
