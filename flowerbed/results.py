@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import glob
@@ -52,8 +53,7 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object], exclusive: boo
             f.flush()
             os.fsync(f.fileno())
         if exclusive:  # a hard link fails where the name exists; a rename would replace it
-            os.link(tmp, path)
-            tmp.unlink()
+            _link_new(tmp, path)
         else:
             os.replace(tmp, path)
     except BaseException:
@@ -68,6 +68,21 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object], exclusive: boo
                 int(m[1])):
             with contextlib.suppress(OSError):
                 stale.unlink()
+
+
+def _link_new(tmp: Path, path: Path) -> None:
+    """``tmp`` renamed to ``path`` unless ``path`` exists (FileExistsError); by a hard link, or,
+    on a file system without them (some network and FUSE mounts), by a check and a rename."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError:
+        if path.exists():
+            raise FileExistsError(errno.EEXIST, "exists", str(path)) from None
+        os.replace(tmp, path)  # (here two writers at the same instant could both publish)
+    else:
+        tmp.unlink()
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -7,6 +7,7 @@ The every-method matrices run the real ServerApp ``run`` and the real ClientApp 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -286,7 +287,7 @@ def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
     assert torch.load(tmp_path / "checkpoint.pt")["round"] == 1
 
 
-def test_an_exclusive_write_never_replaces_a_file(tmp_path):
+def test_an_exclusive_write_never_replaces_a_file(tmp_path, monkeypatch):
     """FedXDS files a client's release only where none is: of two handlers of one partition that
     drew at once, exactly one release may leave (from a review: a check, then a rename, let the
     second replace the first after both were sent)."""
@@ -297,6 +298,16 @@ def test_an_exclusive_write_never_replaces_a_file(tmp_path):
     assert torch.load(target)["draw"] == 1 and [p.name for p in tmp_path.iterdir()] == ["release.pt"]
     checkpoint.write_synced(target, {"draw": 3})  # (the default replaces it)
     assert torch.load(target)["draw"] == 3
+
+    def no_links(src, dst):  # a file system without hard links (some network and FUSE mounts)
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    with pytest.raises(FileExistsError):
+        checkpoint.write_synced(target, {"draw": 4}, exclusive=True)
+    checkpoint.write_synced(tmp_path / "other.pt", {"draw": 5}, exclusive=True)
+    assert torch.load(tmp_path / "other.pt")["draw"] == 5 and torch.load(target)["draw"] == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.pt", "release.pt"]
 
 
 def test_large_constant_state_is_written_once(tmp_path):
