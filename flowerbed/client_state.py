@@ -34,7 +34,6 @@ import contextlib
 import glob
 import hashlib
 import logging
-import os
 import re
 import shutil
 from pathlib import Path
@@ -45,7 +44,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 from flowerbed import cache_root
 from flowerbed.checkpoint import decode, encode, write_synced
 from flowerbed.config import Config
-from flowerbed.results import write_atomic
+from flowerbed.results import own_temporary, remove_dead_temporaries, write_atomic
 
 log = logging.getLogger("flowerbed")
 RESTORED = "flowerbed.restored"  # our marker in context.state: restore was done for this run
@@ -201,16 +200,19 @@ def _copy_run_files(old: Path, new: Path) -> None:
 
 def _copy_folder(old: Path, new: Path) -> None:
     """``old`` copied to ``new`` whole or not at all (a copy cut short by a full disk or a kill
-    would otherwise pass for the partition's folder, without the files it lacks)."""
-    tmp = new.with_name(f".{new.name}.copy-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    would otherwise pass for the partition's folder, without the files it lacks); hidden files
+    (other writers' work in progress) are left out, and so are the leftovers of copies killed
+    mid-way here."""
+    tmp = own_temporary(new, ".copy")
     try:
-        shutil.copytree(old, tmp)
+        shutil.copytree(old, tmp, ignore=shutil.ignore_patterns(".*"))
         tmp.rename(new)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
         if not new.is_dir():  # (else another process of this partition made it first)
             raise
+    finally:
+        remove_dead_temporaries(new, ".copy", shutil.rmtree)
 
 
 def filed_file(cfg: Config, run_key: str, partition_id: int, name: str) -> Path | None:
@@ -220,9 +222,11 @@ def filed_file(cfg: Config, run_key: str, partition_id: int, name: str) -> Path 
     if here.is_file():
         return here
     run_id = glob.escape(run_key.rsplit("-", 1)[-1])
-    found = [p for p in root(cfg).glob(f"*-{run_id}/partition-{partition_id}/{glob.escape(name)}")
-             if p.is_file()]
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+    found = []
+    for p in root(cfg).glob(f"*-{run_id}/partition-{partition_id}/{glob.escape(name)}"):
+        with contextlib.suppress(OSError):  # (one removed since the glob)
+            found.append((p.stat().st_mtime, p))
+    return max(found)[1] if found else None
 
 
 def _filed_under_another_name(cfg: Config, run_key: str, partition_id: int) -> Path | None:

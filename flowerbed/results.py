@@ -41,12 +41,11 @@ def _clean(v: Any) -> Any:
 def write_atomic(path: Path, write: Callable[[BinaryIO], object], exclusive: bool = False) -> None:
     """``write`` to ``path`` so that a crash, a kill or a power loss mid-write leaves the
     previous file intact and a reader in another process finds the whole file or none: into a
-    temporary file of its own (named for this host and process), flushed to disk, renamed. The
-    temporary files of earlier writers of ``path`` on this host that were killed mid-write (each
-    as large as the file) are removed. ``exclusive``: ``path`` is written only if it does not
-    exist, else FileExistsError (of two writers at once, exactly one wins)."""
-    here = f".{path.name}.{socket.gethostname()}."
-    tmp = path.with_name(f"{here}{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    temporary file of its own (:func:`own_temporary`), flushed to disk, renamed. The temporary
+    files of earlier writers of ``path`` on this host that were killed mid-write (each as large
+    as the file) are removed. ``exclusive``: ``path`` is written only if it does not exist, else
+    FileExistsError (of two writers at once, exactly one wins)."""
+    tmp = own_temporary(path, ".tmp")
     try:  # (not mkstemp: its files are 0600, and a run's are read by other users and containers)
         with open(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666), "wb") as f:
             write(f)
@@ -60,29 +59,50 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object], exclusive: boo
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+    remove_dead_temporaries(path, ".tmp", Path.unlink)
+
+
+def own_temporary(path: Path, suffix: str) -> Path:
+    """A hidden name beside ``path`` for this host's and process's work in progress on it:
+    ``.<name>.<host>.<pid>.<8 hex><suffix>`` (unique to the call)."""
+    return path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}{suffix}")
+
+
+def remove_dead_temporaries(path: Path, suffix: str, remove: Callable[[Path], object]) -> None:
+    """``remove`` each :func:`own_temporary` of ``path`` whose process on this host is gone (a
+    kill mid-write); another host's may be live, and are left."""
     from flowerbed.engine import _alive
 
-    for stale in path.parent.glob(f"{glob.escape(here)}*.tmp"):  # another host's may be live
+    here = f".{path.name}.{socket.gethostname()}."
+    for stale in path.parent.glob(f"{glob.escape(here)}*{glob.escape(suffix)}"):
         # (<pid>.tmp: flowerbed's former name; a host named <this host>.<more> does not match)
-        if (m := re.fullmatch(r"(\d+)(\.[0-9a-f]{8})?\.tmp", stale.name[len(here):])) and not _alive(
-                int(m[1])):
+        tail = stale.name[len(here):]
+        if (m := re.fullmatch(r"(\d+)(\.[0-9a-f]{8})?" + re.escape(suffix), tail)) and not _alive(int(m[1])):
             with contextlib.suppress(OSError):
-                stale.unlink()
+                remove(stale)
 
 
 def _link_new(tmp: Path, path: Path) -> None:
-    """``tmp`` renamed to ``path`` unless ``path`` exists (FileExistsError); by a hard link, or,
-    on a file system without them (some network and FUSE mounts), by a check and a rename."""
+    """``tmp`` renamed to ``path`` unless ``path`` exists (FileExistsError): by a hard link, or,
+    on a file system without them (some network and FUSE mounts), by a check and a rename under
+    a lock beside it."""
     try:
         os.link(tmp, path)
     except FileExistsError:
         raise
     except OSError:
-        if path.exists():
-            raise FileExistsError(errno.EEXIST, "exists", str(path)) from None
-        os.replace(tmp, path)  # (here two writers at the same instant could both publish)
+        with open(path.with_name(f".{path.name}.lock"), "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # (released with the file, also by a kill)
+            except OSError as e:
+                log.warning("%s: neither hard links nor locks here (%s); two writers at the same "
+                            "instant could both write it", path, e)
+            if path.exists():
+                raise FileExistsError(errno.EEXIST, "exists", str(path)) from None
+            os.replace(tmp, path)
     else:
-        tmp.unlink()
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def write_text_atomic(path: Path, text: str) -> None:

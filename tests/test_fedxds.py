@@ -276,20 +276,27 @@ def test_a_release_survives_a_rename_a_broken_copy_and_a_concurrent_draw(tmp_pat
     assert not (tmp_path / "moved-0123abcdef" / "partition-0").exists()  # no half copy
     assert not list((tmp_path / "moved-0123abcdef").glob(".partition-0*"))
     assert np.array_equal(first, ask(resumed, "moved-0123abcdef", client_cfg=resumed_cfg))
+    # and kept under the new name too: the former name's folder may be deleted as a leftover
+    shutil.rmtree(tmp_path / "r-0123abcdef")
+    assert np.array_equal(first, ask(context(), "moved-0123abcdef", client_cfg=resumed_cfg))
     # (2) another handler files its draw while this one draws: this one sends that one
     from flowerbed.clients.fedxds import FedXDSClient
 
     drawn = FedXDSClient.shared_samples
 
+    draws = []
+
     def raced(self, m, rnd):
-        mine = drawn(self, m, rnd)
-        self._file_release("r-race", drawn(self, m, rnd))  # the other handler's, filed first
-        return mine
+        draws.append(drawn(self, m, rnd))  # this handler's
+        draws.append(drawn(self, m, rnd))  # the other handler's, filed first
+        self._file_release("r-race", draws[-1])
+        return draws[0]
 
     monkeypatch.setattr(FedXDSClient, "shared_samples", raced)
     sent_here = ask(context(), "r-race")
     filed = torch.load(tmp_path / "r-race" / "partition-0" / RELEASE_FILE)["x"].numpy()
-    assert np.array_equal(sent_here, filed)
+    assert np.array_equal(sent_here, filed) and np.array_equal(sent_here, draws[1]["x"].numpy())
+    assert not np.array_equal(sent_here, draws[0]["x"].numpy())
     monkeypatch.setattr(FedXDSClient, "shared_samples", drawn)
     # (3) restored with an older flowerbed's state, asked a main round: filed, out of the context
     older = context(RecordDict({RELEASED: ArrayRecord({"x": Array(first), "y": Array(np.zeros(

@@ -307,7 +307,8 @@ def test_an_exclusive_write_never_replaces_a_file(tmp_path, monkeypatch):
         checkpoint.write_synced(target, {"draw": 4}, exclusive=True)
     checkpoint.write_synced(tmp_path / "other.pt", {"draw": 5}, exclusive=True)
     assert torch.load(tmp_path / "other.pt")["draw"] == 5 and torch.load(target)["draw"] == 3
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.pt", "release.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == [
+        "other.pt", "release.pt"]  # (the check and rename under a lock: its file stays)
 
 
 def test_large_constant_state_is_written_once(tmp_path):
@@ -1034,9 +1035,21 @@ def test_a_renamed_run_still_finds_its_clients_state(tmp_path):
     client_state.save(cfg, ctx(RecordDict({"c": ConfigRecord({"round": 2})})), "r-0123abcdef", 0, 2)
     client_state.save(cfg, ctx(RecordDict({"c": ConfigRecord({"round": 9})})), "r-ffffffffff", 0, 2)
     (tmp_path / "r-0123abcdef" / "fedxds-pool-d1.pt").write_bytes(b"D_g")
+    (tmp_path / "r-0123abcdef" / "partition-0" / ".round-3.pt.host.1.ab12cd34.tmp").write_bytes(b"half")
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    killed = tmp_path / "moved-0123abcdef" / f".partition-0.{socket.gethostname()}.{dead}.0a1b2c3d.copy"
+    killed.mkdir(parents=True)  # a copy killed mid-way (as large as the folder): removed
     resumed = ctx()
     assert client_state.restore(cfg.replace(resume="x"), resumed, "moved-0123abcdef", 0, 3) == 2
     assert resumed.state["c"]["round"] == 2
+    assert not killed.exists()
+    assert [p.name for p in (tmp_path / "moved-0123abcdef" / "partition-0").iterdir()] == [
+        "round-2.attempt-0.pt"]  # another writer's work in progress is not copied
     assert sorted(p.name for p in (tmp_path / "moved-0123abcdef").iterdir()) == ["fedxds-pool-d1.pt",
                                                                                 "partition-0"]
     assert (tmp_path / "moved-0123abcdef" / "fedxds-pool-d1.pt").read_bytes() == b"D_g"

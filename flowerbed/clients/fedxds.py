@@ -118,19 +118,22 @@ class FedXDSClient(Client):
                 state[RELEASED] = self.shared_samples(model, rnd)
             return state[RELEASED]
         self.file_older_release(run_key)
+        here = client_state.folder(self.cfg, run_key, self.partition_id) / RELEASE_FILE
         filed = client_state.filed_file(self.cfg, run_key, self.partition_id, RELEASE_FILE)
         if filed is None:
             self._file_release(run_key, self.shared_samples(model, rnd))
-            filed = client_state.folder(self.cfg, run_key, self.partition_id) / RELEASE_FILE
         try:  # (what is filed, also where another handler of this partition filed its draw first)
-            kept = torch.load(filed, map_location="cpu", weights_only=True)
-            return ArrayRecord({k: Array(kept[k].numpy()) for k in ("x", "y")})
+            kept = torch.load(filed or here, map_location="cpu", weights_only=True)
+            released = ArrayRecord({k: Array(kept[k].numpy()) for k in ("x", "y")})
         except Exception as e:  # never a second draw behind the user's back
             why = (str(e).splitlines() or [""])[0][:120]
             raise RuntimeError(
-                f"partition {self.partition_id}: its FedXDS release {filed} is unreadable "
+                f"partition {self.partition_id}: its FedXDS release {filed or here} is unreadable "
                 f"({type(e).__name__}: {why}); a new draw of noise would weaken the stated "
                 "(ε, δ). Restore the file, or remove it to release anew at that cost") from e
+        if filed is not None and filed != here:  # under the run's former name: kept here too,
+            self._file_release(run_key, released)  # with the run's own files
+        return released
 
     def file_older_release(self, run_key: str) -> None:
         """A release an older flowerbed kept in the client's state (restored with it) moves to
