@@ -68,17 +68,23 @@ def own_temporary(path: Path, suffix: str) -> Path:
     return path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}{suffix}")
 
 
+#: a temporary of a process gone from this host's view is removed once it is this old: containers
+#: that share a host name (host networking) do not see each other's processes
+STALE_AFTER_S = 3600.0
+
+
 def remove_dead_temporaries(path: Path, suffix: str, remove: Callable[[Path], object]) -> None:
     """``remove`` each :func:`own_temporary` of ``path`` whose process on this host is gone (a
-    kill mid-write); another host's may be live, and are left."""
+    kill mid-write) and that has not changed for :data:`STALE_AFTER_S`; another host's may be
+    live, and are left."""
     from flowerbed.engine import _alive
 
     here = f".{path.name}.{socket.gethostname()}."
     for stale in path.parent.glob(f"{glob.escape(here)}*{glob.escape(suffix)}"):
         # (<pid>.tmp: flowerbed's former name; a host named <this host>.<more> does not match)
-        tail = stale.name[len(here):]
-        if (m := re.fullmatch(r"(\d+)(\.[0-9a-f]{8})?" + re.escape(suffix), tail)) and not _alive(int(m[1])):
-            with contextlib.suppress(OSError):
+        m = re.fullmatch(r"(\d{1,9})(\.[0-9a-f]{8})?" + re.escape(suffix), stale.name[len(here):])
+        with contextlib.suppress(OSError):
+            if m and not _alive(int(m[1])) and time.time() - stale.stat().st_mtime > STALE_AFTER_S:
                 remove(stale)
 
 
@@ -90,7 +96,9 @@ def _link_new(tmp: Path, path: Path) -> None:
         os.link(tmp, path)
     except FileExistsError:
         raise
-    except OSError:
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS):
+            raise  # (a full disk, an I/O error: not a file system without links)
         with open(path.with_name(f".{path.name}.lock"), "a") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # (released with the file, also by a kill)

@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -266,7 +267,8 @@ def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
     """Found by a review: a SIGKILL mid-write left `.checkpoint.pt.<pid>.tmp` (13 MB for the CNN;
     a FedXDS pool's up to 300 MB) beside the file for good. The next write of that file removes
     the temporary files of this host's writers that are no longer running, never a live one's
-    or another host's (a shared folder)."""
+    or another host's (a shared folder), nor one changed in the last hour (from a review:
+    containers with the host's name do not see each other's processes)."""
     import socket
     import subprocess
     import sys
@@ -276,11 +278,14 @@ def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
                           text=True, check=True).stdout.strip()
     left = [tmp_path / f"{here}{dead}.tmp", tmp_path / f"{here}{dead}.0a1b2c3d.tmp",  # (each write's own)
             tmp_path / f"{here}{os.getppid()}.tmp", tmp_path / f"{here}{os.getppid()}.a1b2c3d4.tmp",
-            tmp_path / ".checkpoint.pt.other-host.1.tmp"]
+            tmp_path / ".checkpoint.pt.other-host.1.tmp", tmp_path / f"{here}{dead}.fedcba98.tmp"]
+    hour_ago = time.time() - 3700
     for f in left:
         f.write_bytes(b"half a checkpoint")
+        if f != left[-1]:  # (the last: a dead writer's, but fresh)
+            os.utime(f, (hour_ago, hour_ago))
     checkpoint.write_synced(tmp_path / "checkpoint.pt", {"round": 1})
-    assert [f.exists() for f in left] == [False, False, True, True, True]
+    assert [f.exists() for f in left] == [False, False, True, True, True, True]
     umask = os.umask(0)
     os.umask(umask)  # a run's files are readable as the umask says (mkstemp's were 0600 only)
     assert (tmp_path / "checkpoint.pt").stat().st_mode & 0o777 == 0o666 & ~umask
@@ -1044,6 +1049,7 @@ def test_a_renamed_run_still_finds_its_clients_state(tmp_path):
                           text=True, check=True).stdout.strip()
     killed = tmp_path / "moved-0123abcdef" / f".partition-0.{socket.gethostname()}.{dead}.0a1b2c3d.copy"
     killed.mkdir(parents=True)  # a copy killed mid-way (as large as the folder): removed
+    os.utime(killed, (time.time() - 3700, time.time() - 3700))
     resumed = ctx()
     assert client_state.restore(cfg.replace(resume="x"), resumed, "moved-0123abcdef", 0, 3) == 2
     assert resumed.state["c"]["round"] == 2

@@ -132,7 +132,11 @@ class FedXDSClient(Client):
                 f"({type(e).__name__}: {why}); a new draw of noise would weaken the stated "
                 "(ε, δ). Restore the file, or remove it to release anew at that cost") from e
         if filed is not None and filed != here:  # under the run's former name: kept here too,
-            self._file_release(run_key, released)  # with the run's own files
+            try:  # with the run's own files
+                self._file_release(run_key, released)
+            except OSError as e:
+                log.warning("partition %d: could not file its release under the run's new name "
+                            "(%s); it stays in %s only", self.partition_id, e, filed)
         return released
 
     def file_older_release(self, run_key: str) -> None:
