@@ -127,7 +127,7 @@ class Partition:
 KEY_READERS: dict[str, tuple[str, ...]] = {
     **{m: (m,) for m in ("fedx", "fedcc", "fedfew", "fedsoft", "fedmgda", "cfl", "fedrep", "ditto",
                           "atlas", "fedftg", "fedconcat", "apfl", "fedamp", "feddyn", "scaffold", "fedlc",
-                          "fedrs", "fedsam", "fedvls", "fedmr", "fedfed")},
+                          "fedrs", "fedsam", "fedvls", "fedmr", "fedfed", "feddf")},
     # FedFed shares, noises and trains on D_g as FedXDS does, without attributions and masks
     "fedxds": ("fedxds", "fedfed"),
     **{k: ("fedxds",) for k in ("fedxds-attribution", "fedxds-lrp-first", "fedxds-sparsity", "fedxds-mask",
@@ -262,6 +262,7 @@ class Config:
     fedcc_probe_input: str
     fedcc_unknown_in_entropy: bool
     fedcc_distill_target: str
+    feddf_average: str
     hetero_models: bool
     num_models: int
     fedfew_mu: float
@@ -448,6 +449,8 @@ class Config:
             raise ConfigError("fedcc-probe-input", self.fedcc_probe_input, "use mean, black or white")
         if self.fedcc_distill_target not in ("pad", "known"):
             raise ConfigError("fedcc-distill-target", self.fedcc_distill_target, "use pad or known")
+        if self.feddf_average not in ("probabilities", "logits"):
+            raise ConfigError("feddf-average", self.feddf_average, "use probabilities or logits")
         for key in ("fedcc-delta", "fedcc-majority"):
             v = getattr(self, key.replace("-", "_"))
             if not 0 <= v < 1:

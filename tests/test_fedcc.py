@@ -155,6 +155,34 @@ def test_client_uploads_only_the_prediction_matrix(method):
                                          "soft_targets": bad})))
 
 
+def test_feddf_can_average_logits_as_fedds_avglogits():
+    """From a fidelity review: FedDF's AVGLOGITS target is softmax(mean of the clients' logits);
+    ours averaged their probabilities (flatter, and it can rank classes otherwise). That stays
+    the default; ``feddf-average='logits'`` uploads logits and takes the softmax of their mean."""
+    from scipy.special import softmax
+
+    from flowerbed.strategies.feddf import FedDFStrategy
+
+    logits = [np.array([[4.0, 0.0, 0.0], [0.0, 1.0, 0.0]]), np.array([[-6.0, 0.0, 1.0], [0.0, 1.0, 0.0]])]
+    preds = {avg: np.stack([softmax(z, 1) if avg == "probabilities" else z for z in logits])
+             for avg in ("probabilities", "logits")}
+    targets = {}
+    for avg in ("probabilities", "logits"):
+        cfg = Config.from_run_config({**SMALL, "method": "feddf", "feddf-average": avg})
+        targets[avg] = FedDFStrategy(cfg).combine(preds[avg])
+        ctx = Context(run_id=1, node_id=3, node_config={"partition-id": 1, "num-partitions": 10},
+                      state=RecordDict(), run_config=cfg.to_run_config())
+        up = METHODS["feddf"].client(cfg, ctx).train(sent(3, RecordDict({"config": ConfigRecord(
+            {"server-round": 1})})))
+        p = up.content[PREDICTIONS]["p"].numpy()
+        assert np.allclose(p.sum(1), 1, atol=1e-4) == (avg == "probabilities")  # logits: any rows
+    assert np.allclose(targets["logits"], softmax(np.mean(logits, 0), 1))
+    assert np.allclose(targets["probabilities"], np.mean([softmax(z, 1) for z in logits], 0))
+    assert targets["probabilities"][0].argmax() == 0 and targets["logits"][0].argmax() == 2  # (reranked)
+    with pytest.raises(ConfigError, match="'feddf-average' = 'mean'"):
+        Config.from_run_config({**SMALL, "method": "feddf", "feddf-average": "mean"})
+
+
 def two_client_strategy() -> FedCCStrategy:
     """A FedCC server that has sent round-1 messages to nodes 5 and 6 (partitions 0 and 1)."""
     s = FedCCStrategy(Config.from_run_config({**SMALL, "method": "fedcc", "min-clients": 1}))

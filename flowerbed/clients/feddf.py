@@ -9,6 +9,11 @@ from flowerbed.clients.distill import DistillClient
 
 
 class FedDFClient(DistillClient):
+    @property
+    def probabilities(self) -> bool:
+        """Softmax outputs up, or logits (``feddf-average='logits'``)."""
+        return self.cfg.feddf_average == "probabilities"
+
     def distill_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """KL(targets ‖ softmax(logits)), batch mean."""
         return F.kl_div(F.log_softmax(logits, 1), targets, reduction="batchmean")
