@@ -219,28 +219,29 @@ def filed_file(cfg: Config, run_key: str, partition_id: int, name: str) -> Path 
     """The file ``name`` this run keeps in the partition's state folder, or, where the run's
     folder was renamed or copied and the copy could not be made, under the run's former name."""
     here = folder(cfg, run_key, partition_id) / name
-    if here.is_file():
-        return here
-    run_id = glob.escape(run_key.rsplit("-", 1)[-1])
-    found = []
-    for p in root(cfg).glob(f"*-{run_id}/partition-{partition_id}/{glob.escape(name)}"):
-        with contextlib.suppress(OSError):  # (one removed since the glob)
-            found.append((p.stat().st_mtime, p))
-    return max(found)[1] if found else None
+    return here if here.is_file() else _newest_of_run(cfg, run_key, partition_id, name)
 
 
 def _filed_under_another_name(cfg: Config, run_key: str, partition_id: int) -> Path | None:
-    """This client's state filed by the same run (the key's tail is the run id) under the
-    name its folder had then; the newest such folder, if any."""
-    run_id = run_key.rsplit("-", 1)[-1]
-    found = [p for p in root(cfg).glob(f"*-{glob.escape(run_id)}/partition-{partition_id}")
-             if p.is_dir()]
-    if not found:
-        return None
-    d = max(found, key=lambda p: p.stat().st_mtime)
-    log.info("partition %d: its state is filed under the run's former name, %s", partition_id,
-             d.parent.name)
+    """This client's state filed by the same run under the name its folder had then; the newest
+    such folder, if any."""
+    d = _newest_of_run(cfg, run_key, partition_id)
+    if d is not None:
+        log.info("partition %d: its state is filed under the run's former name, %s", partition_id,
+                 d.parent.name)
     return d
+
+
+def _newest_of_run(cfg: Config, run_key: str, partition_id: int, name: str = "") -> Path | None:
+    """The newest ``partition-<i>`` folder this run (the key's tail is its id) has under any
+    name, or the newest file ``name`` in one."""
+    run_id = glob.escape(run_key.rsplit("-", 1)[-1])
+    found = []
+    for p in root(cfg).glob(f"*-{run_id}/partition-{partition_id}" + (name and f"/{glob.escape(name)}")):
+        with contextlib.suppress(OSError):  # (one removed since the glob)
+            if p.is_file() if name else p.is_dir():
+                found.append((p.stat().st_mtime, p))
+    return max(found)[1] if found else None
 
 
 def _rolled_back(r: int, a: int, before: int | None, resumed_after: list[int]) -> bool:

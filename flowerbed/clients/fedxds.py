@@ -118,7 +118,7 @@ class FedXDSClient(Client):
                 state[RELEASED] = self.shared_samples(model, rnd)
             return state[RELEASED]
         self.file_older_release(run_key)
-        here = client_state.folder(self.cfg, run_key, self.partition_id) / RELEASE_FILE
+        here = self._release_path(run_key)
         filed = client_state.filed_file(self.cfg, run_key, self.partition_id, RELEASE_FILE)
         if filed is None:
             self._file_release(run_key, self.shared_samples(model, rnd))
@@ -152,8 +152,10 @@ class FedXDSClient(Client):
         """Filed only where none is (of two handlers of this partition at once, the first
         wins; the other sends the winner's)."""
         with contextlib.suppress(FileExistsError):
-            _write_xy(client_state.folder(self.cfg, run_key, self.partition_id) / RELEASE_FILE,
-                      released, exclusive=True)
+            _write_xy(self._release_path(run_key), released, exclusive=True)
+
+    def _release_path(self, run_key: str) -> Path:
+        return client_state.folder(self.cfg, run_key, self.partition_id) / RELEASE_FILE
 
     def pool_file(self, run_key: str, digest: str) -> Path:
         """Beside the run's filed client state (the run-key checked as there)."""
